@@ -1,0 +1,109 @@
+"""Assertion helpers whose failure text explains: what was compared, the tolerance and why,
+what the engine did instead (the diagnosis), and a minimal reproducer.
+
+A check calls one of these and nothing else decides pass/fail, so every check words its
+failures the same way and every failure carries a diagnosis into report.json.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pytest
+import torch
+
+from harness.diagnose import Diagnosis, diagnose_capture, rtol_for
+from harness.engines.base import Capability, Engine
+from harness.golden.features import TargetFeatures
+from harness.report import ConformanceFailure
+
+__all__ = ["ConformanceFailure", "assert_capture_matches", "divergence", "require", "worst_tokens"]
+
+
+def require(engine: Engine, capability: Capability) -> None:
+    """Skip, with the reason printed, what this engine cannot do."""
+    if capability not in engine.capabilities:
+        pytest.skip(f"{engine.name} does not declare the {capability.value!r} capability")
+
+
+def tolerance_text(dtype: str) -> str:
+    rtol = rtol_for(dtype)
+    why = ("fp32 engines must match the fp32 training reference up to summation order"
+           if dtype == "float32" else
+           f"{dtype} rounding through {{layers}} layers and MoE routing near ties")
+    return f"per-token relative L2 error <= {rtol:g} ({why})"
+
+
+def reproducer(engine_name: str, draft: str, prompts: Sequence[Sequence[int]], check: str) -> str:
+    shown = [list(p) for p in prompts[:3]]
+    more = f" (+{len(prompts) - 3} more)" if len(prompts) > 3 else ""
+    return (f"reproduce: eagle3-conformance run --engine {engine_name} --draft {draft} -k {check}"
+            f"  # prompts {shown}{more}")
+
+
+def worst_tokens(features: Sequence[torch.Tensor], golden: Sequence[torch.Tensor],
+                 rtol: float) -> tuple[int, int, float]:
+    """(bad tokens, total tokens, worst relative error) between engine and golden aux."""
+    bad = total = 0
+    worst = 0.0
+    for x, ref in zip(features, golden, strict=True):
+        err = (x.float() - ref.float()).norm(dim=-1) / ref.float().norm(dim=-1).clamp_min(1e-12)
+        bad += int((err > rtol).sum())
+        total += err.numel()
+        worst = max(worst, float(err.max())) if err.numel() else worst
+    return bad, total, worst
+
+
+def assert_capture_matches(*, features: Sequence[torch.Tensor], golden: Sequence[TargetFeatures],
+                           training_boundaries: Sequence[int], dtype: str,
+                           engine_name: str, engine_convention: str | None,
+                           config_ids: Sequence[int], draft: str,
+                           prompts: Sequence[Sequence[int]], check: str) -> Diagnosis:
+    """The engine handed the draft, slot by slot and token by token, what training used."""
+    hidden = golden[0].boundaries.shape[-1]
+    expected_width = len(training_boundaries) * hidden
+    widths = {int(x.shape[-1]) for x in features}
+    rtol = rtol_for(dtype)
+    diag = diagnose_capture(features, golden, training_boundaries, engine_convention=engine_convention,
+                            config_ids=config_ids, rtol=rtol)
+    if widths != {expected_width}:
+        raise ConformanceFailure(
+            f"the engine handed the draft {sorted(widths)}-wide features, training fed fc "
+            f"{expected_width} = {len(training_boundaries)} aux states x {hidden}; "
+            f"{diag.message}\n{reproducer(engine_name, draft, prompts, check)}", [diag])
+    ref = [torch.cat([g.boundaries[b] for b in training_boundaries], -1) for g in golden]
+    bad, total, worst = worst_tokens(features, ref, rtol)
+    if bad:
+        tol = tolerance_text(dtype).format(layers=golden[0].num_layers)
+        raise ConformanceFailure(
+            f"aux features differ from training on {bad}/{total} tokens (worst relative error "
+            f"{worst:.3g}; tolerance: {tol}). {diag.message}\n"
+            f"{reproducer(engine_name, draft, prompts, check)}", [diag])
+    return diag
+
+
+# fp32 logit gap a near-tie must fall within to excuse a flipped greedy token, per dtype.
+NEAR_TIE = {"float32": 1e-3, "float16": 0.1, "bfloat16": 0.25}
+
+
+def first_divergence(a: Sequence[int], b: Sequence[int]) -> int | None:
+    for i, (x, y) in enumerate(zip(a, b, strict=False)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def divergence(oracle, prompt: Sequence[int], got: Sequence[int], want: Sequence[int],
+               dtype: str) -> tuple[bool, str | None]:
+    """(excused near-tie?, failure text or None) for two greedy continuations of `prompt`."""
+    j = first_divergence(got, want)
+    if j is None:
+        return False, None
+    if j >= min(len(got), len(want)):
+        return False, f"prompt {list(prompt)}: lengths differ ({len(got)} vs {len(want)} tokens)"
+    noise = NEAR_TIE.get(dtype, 0.25)
+    margin = oracle.top2_margin(list(prompt) + list(want[:j]))
+    if margin <= noise:
+        return True, None
+    return False, (f"prompt {list(prompt)}: token {j} is {got[j]} vs {want[j]} (fp32 top-2 margin "
+                   f"{margin:.3g} > near-tie noise {noise:g} for {dtype})")

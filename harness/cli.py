@@ -1,0 +1,342 @@
+"""`eagle3-conformance`: run the suite, self-test it against the bug zoo, build and verify golden
+bundles, render the conformance table.
+
+Exit codes: 0 conformant (or success), 1 nonconformant (or a self-test that missed a mutant),
+2 bad input (unknown engine, missing or corrupt bundle, bad arguments), 3 an unexpected
+internal error. Every error is one line on stderr, never a traceback: the inputs are checked
+before pytest starts, because a traceback out of pytest's collection is where a user with a
+wrong path would otherwise end up.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, NoReturn
+
+from harness.report import clear_reports, render_conformance_table, verdict_line, write_atomic
+
+PROG = "eagle3-conformance"
+DEBUG_ENV = "EAGLE3_CONFORMANCE_DEBUG"
+
+
+class CliError(Exception):
+    """Bad input; the message is `<problem>; <fix>`."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise CliError(f"{message}; see `{self.prog} --help`")
+
+
+# -- run -------------------------------------------------------------------------------------
+
+
+def _safe(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "._-" else "_" for c in name)
+
+
+def _check_engine(name: str) -> None:
+    from harness.engines.base import EngineUnavailable
+    from harness.registry import EngineLookupError, resolve_engine
+
+    try:
+        resolve_engine(name)
+    except EngineLookupError as e:
+        raise CliError(str(e)) from None
+    except EngineUnavailable as e:
+        print(f"warning: engine {name} is unavailable here ({e}); its checks will skip",
+              file=sys.stderr)
+
+
+def _check_bundle(path: Path, drafts: Sequence[str]) -> Any:
+    from harness.golden.bundle import BundleError, load_bundle
+
+    try:
+        bundle = load_bundle(path)
+    except BundleError as e:
+        raise CliError(str(e)) from None
+    for d in drafts:
+        if d not in bundle.draft_names:
+            raise CliError(f"bundle {path} has no draft {d!r}; choose from "
+                           f"{', '.join(bundle.draft_names)}")
+    return bundle
+
+
+def _report_dir(path: Path) -> Path:
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        clear_reports(path)
+    except OSError as e:
+        raise CliError(f"cannot use report dir {path} ({e.strerror or e}); pass a writable "
+                       f"--report-dir") from None
+    return path
+
+
+def _suites() -> Path:
+    from harness.paths import suites_path
+
+    suites = suites_path()
+    if not suites.is_dir():
+        raise CliError(f"the suites folder is not at {suites}; install from a source checkout "
+                       f"with `pip install -e .`")
+    return suites
+
+
+def _default_bundle() -> Path:
+    from harness.paths import default_bundle_path
+
+    return default_bundle_path()
+
+
+def _pytest_args(a: argparse.Namespace, bundle: Path, report_dir: Path,
+                 extra: Sequence[str]) -> list[str]:
+    args = [str(_suites()), "--engine", a.engine, "--bundle", str(bundle),
+            "--report-dir", str(report_dir), "--device", a.device,
+            "--num-draft-tokens", str(a.num_draft_tokens)]
+    for d in a.draft or ():
+        args += ["--draft", d]
+    if a.dtype:
+        args += ["--dtype", a.dtype]
+    if a.profile:
+        args += ["--hypothesis-profile", a.profile]
+    if a.k:
+        args += ["-k", a.k]
+    if a.xfails:
+        args += ["--xfails", str(a.xfails)]
+    return args + list(extra)
+
+
+def _read_report(report_dir: Path) -> dict[str, Any] | None:
+    path = report_dir / "report.json"
+    if not path.is_file():
+        return None
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def cmd_run(a: argparse.Namespace, extra: Sequence[str]) -> int:
+    import pytest
+
+    _check_engine(a.engine)
+    bundle = Path(a.bundle) if a.bundle else _default_bundle()
+    _check_bundle(bundle, a.draft or ())
+    if a.xfails and not Path(a.xfails).is_file():
+        raise CliError(f"xfails file {a.xfails} does not exist; pass an existing file or drop --xfails")
+    report_dir = _report_dir(Path(a.report_dir) if a.report_dir else Path("reports") / _safe(a.engine))
+    code = int(pytest.main(_pytest_args(a, bundle, report_dir, extra)))
+    report = _read_report(report_dir)
+    if report is None or code in (pytest.ExitCode.USAGE_ERROR, pytest.ExitCode.INTERNAL_ERROR):
+        raise CliError(f"pytest stopped (exit code {code}) before writing a report; its output "
+                       f"above says why")
+    print(verdict_line(report, report_dir))
+    return 0 if report["summary"]["verdict"] == "conformant" else 1
+
+
+# -- selftest --------------------------------------------------------------------------------
+
+
+def _mutant_field(entry: Any, name: str, attr: str) -> str | None:
+    from harness.registry import _mutant_class
+
+    for obj in (entry, _mutant_class(entry)):
+        value = getattr(obj, attr, None)
+        if value is not None:
+            return str(value)
+    return None if attr != "name" else name
+
+
+def _run_engine(engine: str, bundle: Path, out: Path, profile: str, extra: Sequence[str]) -> int:
+    """One suite run in a fresh interpreter: a mutant that crashes, leaks threads or poisons a
+    module-level cache cannot affect the next one."""
+    out.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, "-m", "harness.cli", "run", "--engine", engine, "--bundle", str(bundle),
+           "--report-dir", str(out), "--profile", profile, "--", "-q", "-p", "no:cacheprovider",
+           *extra]
+    with (out / "run.log").open("w", encoding="utf-8") as log:
+        return subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, check=False).returncode
+
+
+def cmd_selftest(a: argparse.Namespace, extra: Sequence[str]) -> int:
+    from harness.registry import zoo_mutants
+
+    bundle = Path(a.bundle) if a.bundle else _default_bundle()
+    _check_bundle(bundle, ())
+    zoo = zoo_mutants()
+    if not zoo:
+        raise CliError("the bug zoo (harness.engines.zoo.MUTANTS) is missing or empty; "
+                       "update the checkout")
+    names = a.mutant or sorted(zoo)
+    unknown = [n for n in names if n not in zoo]
+    if unknown:
+        raise CliError(f"no mutant {unknown[0]!r}; choose from {', '.join(sorted(zoo))}")
+    root = _report_dir(Path(a.report_dir))
+    control = None
+    if not a.no_control:
+        code = _run_engine("reference", bundle, root / "control", a.profile, extra)
+        report = _read_report(root / "control")
+        verdict = report["summary"]["verdict"] if report and code in (0, 1) else "error"
+        control = {"engine": "reference", "verdict": verdict, "report_dir": str(root / "control")}
+        print(f"{'control: reference':<40} {verdict}")
+    results = []
+    for name in names:
+        entry = zoo[name]
+        expected = _mutant_field(entry, name, "expected_diagnosis_kind")
+        code = _run_engine(f"zoo:{name}", bundle, root / "mutants" / _safe(name), a.profile, extra)
+        report = _read_report(root / "mutants" / _safe(name))
+        result: dict[str, Any] = {"name": name, "bug_class": _mutant_field(entry, name, "bug_class"),
+                                  "expected_diagnosis_kind": expected, "caught": False,
+                                  "diagnosis_correct": False, "failed_checks": [],
+                                  "diagnosis": None, "diagnosis_kinds": [],
+                                  "report_dir": str(root / "mutants" / _safe(name))}
+        if report is None or code not in (0, 1):
+            result["error"] = f"the run ended with exit code {code} and no report; see run.log"
+        else:
+            diags = report.get("diagnoses", [])
+            match = next((d for d in diags if d.get("kind") == expected), None)
+            failed = [c["id"] for c in report["checks"] if c["status"] in ("failed", "error", "xfail")]
+            # a check must have failed: a mutant that merely could not run is not caught
+            result.update(
+                caught=report["summary"]["verdict"] == "nonconformant" and bool(failed),
+                diagnosis_correct=match is not None,
+                failed_checks=failed,
+                diagnosis_kinds=sorted({str(d.get("kind")) for d in diags}),
+                diagnosis=(match or (diags[0] if diags else {})).get("message"))
+        results.append(result)
+        print(f"{'zoo:' + name:<40} {'caught' if result['caught'] else 'MISSED':<7} "
+              f"diagnosis {','.join(result['diagnosis_kinds']) or '-'} (expected {expected}): "
+              f"{'ok' if result['diagnosis_correct'] else 'WRONG'}")
+    total = len(results)
+    mutation_score = sum(r["caught"] for r in results) / total
+    diagnosis_score = sum(r["diagnosis_correct"] for r in results) / total
+    ok = (mutation_score == 1.0 and diagnosis_score == 1.0
+          and (control is None or control["verdict"] == "conformant"))
+    summary = {"format_version": 1, "bundle": str(bundle.resolve()), "profile": a.profile,
+               "control": control, "mutants": results, "total": total,
+               "caught": sum(r["caught"] for r in results),
+               "mutation_score": mutation_score, "diagnosis_score": diagnosis_score, "passed": ok}
+    write_atomic(root / "selftest.json", json.dumps(summary, indent=2) + "\n")
+    print(f"selftest: mutation score {mutation_score:.2f}, diagnosis score {diagnosis_score:.2f}"
+          f"{'' if control is None else ', control ' + control['verdict']} — "
+          f"{root / 'selftest.json'}")
+    return 0 if ok else 1
+
+
+# -- golden, table ---------------------------------------------------------------------------
+
+
+def cmd_golden_build(a: argparse.Namespace, extra: Sequence[str]) -> int:
+    from harness.golden.builder import build_bundle
+
+    out = build_bundle(Path(a.out), a.seed)
+    print(f"built {out}")
+    return 0
+
+
+def cmd_golden_verify(a: argparse.Namespace, extra: Sequence[str]) -> int:
+    bundle = _check_bundle(Path(a.path), ())
+    print(f"OK {bundle.name}: drafts {', '.join(bundle.draft_names)}; manifest sha256 "
+          f"{bundle.manifest_sha256()[:16]}")
+    return 0
+
+
+def cmd_table(a: argparse.Namespace, extra: Sequence[str]) -> int:
+    for p in a.reports:
+        if not Path(p).is_file():
+            raise CliError(f"{p} does not exist; pass report.json files written by `{PROG} run`")
+    try:
+        text = render_conformance_table([Path(p) for p in a.reports])
+    except (ValueError, KeyError, TypeError) as e:  # JSONDecodeError is a ValueError
+        raise CliError(f"cannot read the reports ({str(e).splitlines()[0]}); pass report.json "
+                       f"files written by `{PROG} run`") from None
+    if a.out:
+        write_atomic(Path(a.out), text)
+        print(f"wrote {a.out}")
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+# -- parser ----------------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog=PROG, description="Certify that an inference engine serves an EAGLE-3 "
+                                       "draft the way it was trained.")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    run = sub.add_parser("run", help="run the conformance suite against one engine",
+                         description="Arguments after `--` go to pytest unchanged.")
+    run.add_argument("--engine", default="reference",
+                     help="reference, vllm, sglang, zoo:<mutant> or package.module:Class")
+    run.add_argument("--bundle", help="golden bundle folder (default: golden/tiny-dsv3)")
+    run.add_argument("--report-dir", help="where the reports go (default: reports/<engine>)")
+    run.add_argument("--draft", action="append", help="only this draft (repeatable)")
+    run.add_argument("--dtype", choices=("float32", "bfloat16", "float16"))
+    run.add_argument("--device", default="cpu")
+    run.add_argument("--num-draft-tokens", type=int, default=4)
+    run.add_argument("--profile", choices=("dev", "ci", "nightly"),
+                     help="Hypothesis profile (default: ci under CI, else dev)")
+    run.add_argument("-k", help="pytest -k expression selecting checks")
+    run.add_argument("--xfails", help="known-nonconformance file (default: suites/xfails/<engine>.txt)")
+    run.set_defaults(func=cmd_run)
+
+    st = sub.add_parser("selftest", help="run the suite against every bug-zoo mutant",
+                        description="Arguments after `--` go to each pytest run.")
+    st.add_argument("--report-dir", required=True)
+    st.add_argument("--bundle")
+    st.add_argument("--profile", choices=("dev", "ci", "nightly"), default="ci")
+    st.add_argument("--mutant", action="append", help="only this mutant (repeatable)")
+    st.add_argument("--no-control", action="store_true",
+                    help="skip the control run that the reference engine must pass")
+    st.set_defaults(func=cmd_selftest)
+
+    golden = sub.add_parser("golden", help="build or verify a golden bundle")
+    gsub = golden.add_subparsers(dest="golden_command", required=True, metavar="ACTION")
+    build = gsub.add_parser("build", help="train and write a bundle (minutes on a CPU)")
+    build.add_argument("--out", required=True)
+    build.add_argument("--seed", type=int, default=0)
+    build.set_defaults(func=cmd_golden_build)
+    verify = gsub.add_parser("verify", help="check a bundle's manifest, hashes and shapes")
+    verify.add_argument("path")
+    verify.set_defaults(func=cmd_golden_verify)
+
+    table = sub.add_parser("conformance-table", help="render docs/CONFORMANCE.md from reports")
+    table.add_argument("reports", nargs="+", metavar="REPORT.json")
+    table.add_argument("--out", help="write here (default: stdout)")
+    table.set_defaults(func=cmd_table)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    extra: list[str] = []
+    if "--" in argv:
+        cut = argv.index("--")
+        argv, extra = argv[:cut], argv[cut + 1:]
+    try:
+        args = build_parser().parse_args(argv)
+        if extra and args.func not in (cmd_run, cmd_selftest):
+            raise CliError("arguments after `--` are only for run and selftest")
+        return args.func(args, extra)
+    except CliError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("error: interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:
+        if os.environ.get(DEBUG_ENV):
+            raise
+        first = (str(e).strip().splitlines() or [""])[0]
+        print(f"error: unexpected {type(e).__name__}: {first}; rerun with {DEBUG_ENV}=1 for "
+              f"the traceback", file=sys.stderr)
+        return 3
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Engine adapters: one small class per engine behind `harness.engines.base.Engine`."""

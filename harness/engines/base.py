@@ -1,0 +1,126 @@
+"""The adapter protocol a vendor implements to get the whole suite (cf. ONNX backend tests).
+
+An adapter is handed a target folder and a draft folder (HF layout, SpecForge draft
+layout) and must serve them exactly as its engine would for a user: no conversion, no
+rewriting of layer ids. It reports what the engine hands the draft, so the suite can
+compare that against training.
+"""
+
+from __future__ import annotations
+
+import abc
+import enum
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import ClassVar
+
+import torch
+
+
+class Capability(str, enum.Enum):
+    CAPTURE = "capture"  # features handed to the draft (concatenated aux states)
+    FC_PROBE = "fc_probe"  # the draft's fc output on those features
+    GENERATE = "generate"  # greedy generation with and without speculation + acceptance
+    THROUGHPUT = "throughput"  # generation fast enough to be benchmarked
+
+
+class EngineUnavailable(RuntimeError):
+    """The engine cannot run on this machine (missing package, CPU feature, GPU); tests skip
+    with this message as the reason."""
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    dtype: str = "float32"  # "float32" | "bfloat16" | "float16"
+    device: str = "cpu"
+    num_draft_tokens: int = 4  # chain length k
+    tree_topk: int = 1  # >1: tree drafting with that branching at each depth (if supported)
+    max_model_len: int = 256
+    seed: int = 0
+    # How the draft's layer ids were meant (a key of harness.boundaries.CONVENTIONS). Only an
+    # engine that honours training (the reference) reads it; a real engine has its own rule.
+    training_convention: str | None = None
+
+
+@dataclass
+class Acceptance:
+    """Spec-decode counters in vLLM's vocabulary (SGLang's are converted into it)."""
+
+    num_drafts: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    accepted_per_pos: list[int] = field(default_factory=list)
+
+    @property
+    def mean_acceptance_length(self) -> float:
+        """Tokens per verify step including the bonus token, as vLLM and SGLang report it."""
+        return 1.0 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else float("nan")
+
+    @property
+    def per_position_rate(self) -> list[float]:
+        return [a / self.num_drafts if self.num_drafts else float("nan")
+                for a in self.accepted_per_pos]
+
+    def __add__(self, other: Acceptance) -> Acceptance:
+        width = max(len(self.accepted_per_pos), len(other.accepted_per_pos))
+        pad = lambda xs: list(xs) + [0] * (width - len(xs))  # noqa: E731
+        return Acceptance(
+            self.num_drafts + other.num_drafts,
+            self.num_draft_tokens + other.num_draft_tokens,
+            self.num_accepted_tokens + other.num_accepted_tokens,
+            [a + b for a, b in zip(pad(self.accepted_per_pos), pad(other.accepted_per_pos), strict=True)],
+        )
+
+
+@dataclass
+class Generation:
+    tokens: list[list[int]]  # new tokens per prompt, prompt excluded
+    acceptance: Acceptance | None = None  # None for non-speculative runs
+    per_prompt_acceptance: list[Acceptance] | None = None  # where the engine reports it
+    # Where the engine exposes them: accepted draft tokens per verify round, per prompt, and
+    # every draft token proposed (target ids), per prompt. Checks that need them skip otherwise.
+    traces: list[list[int]] | None = None
+    proposed: list[list[int]] | None = None
+
+
+@dataclass
+class Capture:
+    """What the engine handed the draft for each prompt token during prefill.
+
+    features[i]: [prompt_len_i, num_aux * target_hidden] float32, in the engine's slot
+    order. fc_out[i]: [prompt_len_i, draft_hidden] where the engine exposes it.
+    """
+
+    features: list[torch.Tensor]
+    fc_out: list[torch.Tensor] | None = None
+
+
+class Engine(abc.ABC):
+    """One engine. Subclasses declare `name` and `capabilities` and implement what they can."""
+
+    name: ClassVar[str]
+    capabilities: ClassVar[frozenset[Capability]] = frozenset()
+    # The engine's own layer-id rule (a key of harness.boundaries.CONVENTIONS), or None when it
+    # honours the draft's training convention. Lets the config lint predict a mismatch statically.
+    convention: ClassVar[str | None] = None
+    default_dtype: ClassVar[str] = "float32"
+
+    def __init__(self, target_dir: Path, draft_dir: Path, options: EngineOptions) -> None:
+        self.target_dir = Path(target_dir)
+        self.draft_dir = Path(draft_dir)
+        self.options = options
+
+    @abc.abstractmethod
+    def version(self) -> str:
+        """The engine's own version string (package version, commit)."""
+
+    def capture(self, prompts: Sequence[Sequence[int]]) -> Capture:
+        raise NotImplementedError(f"{self.name} cannot capture draft features")
+
+    def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int,
+                 speculative: bool) -> Generation:
+        raise NotImplementedError(f"{self.name} cannot generate")
+
+    def close(self) -> None:  # noqa: B027 - most engines need no explicit teardown
+        """Free the engine; later calls may fail."""

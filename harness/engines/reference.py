@@ -1,0 +1,114 @@
+"""The reference engine: the draft served exactly as it was trained, on HF transformers.
+
+It is the suite's control: every check must pass on it, and each bug-zoo mutant
+(`harness.engines.zoo`) is a subclass that overrides one wiring hook of
+`harness.engines.speculative.Eagle3Runtime` to reproduce one real engine's bug. The hooks,
+and what a mutant changes in each, are documented there; this module adds only loading,
+the training convention of the draft's layer ids, and the `Engine` protocol.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+import transformers
+
+from harness.boundaries import ids_to_boundaries
+from harness.engines.base import (
+    Acceptance,
+    Capability,
+    Capture,
+    Engine,
+    EngineOptions,
+    Generation,
+)
+from harness.engines.speculative import Eagle3Runtime
+from harness.models.draft import Eagle3Draft
+from harness.models.target import load_target
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def load_any_target(path: Path, dtype: torch.dtype, device: str) -> torch.nn.Module:
+    """DeepSeek-V3 through the harness loader (the golden target); any other HF causal LM
+    (Llama, Qwen, ...) through AutoModelForCausalLM."""
+    config = json.loads((Path(path) / "config.json").read_text())
+    if config.get("model_type") == "deepseek_v3":
+        return load_target(path, dtype, device)
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype)
+    return model.to(device).eval()
+
+
+def default_training_convention(layer_ids: Sequence[int]) -> str:
+    """SpecForge's convention unless the ids name the embedding as -1, which SpecForge
+    rejects and the "-1 = embedding" pipelines use; both read id k >= 0 as boundary k+1."""
+    return "embedding-minus-one" if -1 in layer_ids else "specforge"
+
+
+class ReferenceEngine(Eagle3Runtime, Engine):
+    """Serves the draft as trained: ids read in the training convention, boundaries captured
+    pre-norm with the residual, slots in config order, fc once, chain or tree drafting."""
+
+    name = "reference"
+    capabilities = frozenset({Capability.CAPTURE, Capability.FC_PROBE, Capability.GENERATE,
+                              Capability.THROUGHPUT})
+    convention = None  # honours the draft's training convention
+    capture_batch_size = 8
+    padding_side = "right"
+
+    def __init__(self, target_dir: Path, draft_dir: Path,
+                 options: EngineOptions | None = None) -> None:
+        options = options or EngineOptions()
+        Engine.__init__(self, target_dir, draft_dir, options)
+        if options.dtype not in DTYPES:
+            raise ValueError(f"dtype {options.dtype!r} is not one of {sorted(DTYPES)}")
+        dtype = DTYPES[options.dtype]
+        target = load_any_target(self.target_dir, dtype, options.device)
+        draft = Eagle3Draft.load(self.draft_dir, dtype, options.device)
+        Eagle3Runtime.__init__(self, target, draft)
+
+    def version(self) -> str:
+        return f"harness reference (transformers {transformers.__version__}, torch {torch.__version__})"
+
+    @property
+    def layer_ids(self) -> tuple[int, ...]:
+        """The ids as written in the draft's config."""
+        return tuple(self.draft.cfg.aux_layer_ids)
+
+    @property
+    def training_convention(self) -> str:
+        return self.options.training_convention or default_training_convention(self.layer_ids)
+
+    def capture_boundaries(self) -> Sequence[int]:
+        """The config's ids read as training meant them."""
+        return ids_to_boundaries(self.layer_ids, self.training_convention, self.num_layers)
+
+    def capture(self, prompts: Sequence[Sequence[int]]) -> Capture:
+        features: list[torch.Tensor] = []
+        fc_out: list[torch.Tensor] = []
+        for start in range(0, len(prompts), self.capture_batch_size):
+            f, o = self.capture_prompts(prompts[start:start + self.capture_batch_size],
+                                        self.padding_side)
+            features.extend(f)
+            fc_out.extend(o)
+        return Capture(features=features, fc_out=fc_out)
+
+    def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int,
+                 speculative: bool) -> Generation:
+        """Prompt by prompt (batch-invariant by construction); speculative runs report
+        vLLM-style acceptance, per prompt too, with the per-round traces."""
+        if not speculative:
+            return Generation(tokens=[self.greedy(p, max_new_tokens) for p in prompts])
+        k, topk = self.options.num_draft_tokens, self.options.tree_topk
+        results = [self.speculative(p, max_new_tokens, k, topk) for p in prompts]
+        per_prompt = [r.acceptance(k) for r in results]
+        total = sum(per_prompt, Acceptance(accepted_per_pos=[0] * k))
+        return Generation(tokens=[r.tokens for r in results], acceptance=total,
+                          per_prompt_acceptance=per_prompt, traces=[r.trace for r in results],
+                          proposed=[r.proposed for r in results])
+
+    def close(self) -> None:
+        self.close_runtime()

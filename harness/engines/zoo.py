@@ -1,0 +1,322 @@
+"""The bug zoo: the reference engine with one real-world EAGLE-3 wiring bug each.
+
+The suite is only as good as the bugs it catches, so every bug class in DESIGN.md that has
+bitten a public engine lives here as a `ReferenceEngine` subclass that overrides ONE wiring
+hook of `harness.engines.speculative.Eagle3Runtime`. Everything else (loading, decoding,
+losslessness) is the reference's, so a mutant differs from training by exactly its bug and
+`eagle3-conformance selftest` can demand that the suite (a) fails it and (b) names it: each
+mutant states the `harness.diagnose.KINDS` entry a correct diagnosis must produce.
+
+The bundle's drafts decide what can show: specforge-default trains boundaries [2, 4, 5],
+embed-first [0, 4, 6], single-aux [4] (N = 8; no draft trains boundary N). Where a bug only
+exists at a boundary no draft uses (b = N), the mutant applies the engine's rule to the
+deepest boundary the draft asks for and its docstring says so; a mutant must never be a
+silent no-op on every bundle draft (tests/test_zoo.py checks that).
+
+Resolved by `harness.registry` as `zoo:<key>` with <key> a key of `MUTANTS`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import ClassVar
+
+import torch
+
+from harness.engines.reference import ReferenceEngine
+from harness.engines.speculative import TargetStates
+from harness.models.draft import DraftKV
+
+
+class Mutant(ReferenceEngine):
+    """What every mutant declares, and the few helpers they share (no mutant repeats another's
+    arithmetic). Not itself a mutant: it has no bug."""
+
+    name: ClassVar[str]
+    bug_class: ClassVar[str]  # one line, as selftest.json prints it
+    expected_diagnosis_kind: ClassVar[str]  # a key of harness.diagnose.KINDS
+    hook: ClassVar[str]  # the one Eagle3Runtime hook the mutant overrides
+    issue: ClassVar[str]  # the public report(s) of the bug, also cited in the docstring
+
+    def trained_boundaries(self) -> tuple[int, ...]:
+        """What training put in each slot: the reference's reading of the ids."""
+        return tuple(ReferenceEngine.capture_boundaries(self))
+
+    def shifted(self, k: int) -> tuple[int, ...]:
+        """Every trained boundary moved by k, kept on the stream (0..N): an engine cannot
+        capture before the embedding or after the last layer."""
+        return tuple(min(max(b + k, 0), self.num_layers) for b in self.trained_boundaries())
+
+    def is_deepest(self, boundary: int) -> bool:
+        return boundary == max(self.boundaries)
+
+    def unwritten(self, boundary: int, states: TargetStates) -> torch.Tensor:
+        """A slot the engine never writes: its preallocated aux buffer keeps zeros (the
+        TensorRT-LLM layout; an engine that concatenates a list crashes on the width instead,
+        which would hide every later check)."""
+        return torch.zeros_like(states.inputs[boundary])
+
+
+# -- layer ids: which boundaries fill the slots (capture_boundaries) --------------------------
+
+
+class IdsMinusOne(Mutant):
+    """Layer ids read one boundary too early: the engine takes id k as the INPUT of layer k
+    (b = k) where training meant its output (b = k + 1), while still honouring "-1 = the
+    embedding". The confusion of `output_hidden_states` indices with layer indices discussed
+    in NickL77/BaldEagle#18 and SafeAILab/EAGLE#239, and the one-layer drift between SpecForge
+    versions fixed in sgl-project/SpecForge PR #240. specforge-default [2,4,5] -> [1,3,4]
+    (offset -1), single-aux [4] -> [3]; embed-first keeps its embedding slot: [0,3,5]."""
+
+    name = "zoo:ids_minus_one"
+    bug_class = "layer ids off by one (-1): id k read as boundary k, training meant k+1"
+    expected_diagnosis_kind = "offset"
+    hook = "capture_boundaries"
+    issue = "NickL77/BaldEagle#18; SafeAILab/EAGLE#239; sgl-project/SpecForge PR #240"
+
+    def capture_boundaries(self) -> Sequence[int]:
+        return self.shifted(-1)
+
+
+class IdsPlusOne(Mutant):
+    """Layer ids shifted one boundary too deep: the draft config already names boundaries and
+    the engine adds its "output of layer id" +1 on top. sgl-project/sglang#32226 (fixed by PR
+    #32334): gpt-oss-120b-Eagle3-v3 asked for boundaries [24, 30, 36] and SGLang captured
+    [25, 31, 37]; PR #25454 made the +1 conditional for the same reason (Kimi-K2.5 draft lost
+    ~0.1 accept length). Every slot one later: [3,5,6], [1,5,7], [5]."""
+
+    name = "zoo:ids_plus_one"
+    bug_class = "layer ids off by one (+1): the engine's +1 applied to ids that already name boundaries"
+    expected_diagnosis_kind = "offset"
+    hook = "capture_boundaries"
+    issue = "sgl-project/sglang#32226 (PR #32334); sgl-project/sglang PR #25454"
+
+    def capture_boundaries(self) -> Sequence[int]:
+        return self.shifted(+1)
+
+
+class VllmIdsUnshifted(Mutant):
+    """vLLM's reading of the draft config: ids passed through unchanged (b = id), sorted, and a
+    negative id matching no layer, so its slot is silently dropped (vllm-project/vllm#43671:
+    SpecForge ids read without their +1, position-0 acceptance 45% -> 10%). specforge-default
+    [1,3,4] -> boundaries [1,3,4] (offset -1); embed-first [-1,3,5] -> [3,5], two slots for a
+    three-slot fc, which crashes on the width exactly as vLLM's deepseek_v2 path does."""
+
+    name = "zoo:vllm_ids_unshifted"
+    bug_class = "ids used without the training convention's shift (vLLM: b = id)"
+    expected_diagnosis_kind = "offset"
+    hook = "capture_boundaries"
+    issue = "vllm-project/vllm#43671"
+    convention = "vllm"  # lets the diagnosis word the id list that fixes it
+
+    def capture_boundaries(self) -> Sequence[int]:
+        return sorted(i for i in self.layer_ids if i >= 0)
+
+
+# -- what lands in a slot (take_state) --------------------------------------------------------
+
+
+class EmbeddingDropped(Mutant):
+    """The embedding slot gets layer 0's output: the engine's capture adds hidden + residual,
+    and before layer 0 there is no residual yet (SGLang and vLLM deepseek_v2 raise a TypeError
+    there; vllm-project/vllm PR #46788 describes that capture loop), so a guarded engine
+    records its first capture after layer 0. embed-first [0,4,6] -> [1,4,6]; drafts without
+    the embedding are untouched."""
+
+    name = "zoo:embedding_dropped"
+    bug_class = "embedding slot (boundary 0) filled with layer 0's output (boundary 1)"
+    expected_diagnosis_kind = "embedding_missing"
+    hook = "take_state"
+    issue = "vllm-project/vllm PR #46788 (capture before layer idx: residual is None at idx 0)"
+
+    def take_state(self, boundary: int, states: TargetStates) -> torch.Tensor:
+        return states.inputs[1] if boundary == 0 else states.inputs[boundary]
+
+
+class FinalNormed(Mutant):
+    """The deepest aux slot filled from the target's returned last hidden state, which is AFTER
+    the final norm (HF `output_hidden_states[-1]` in transformers 5.19, llama.cpp's id N, the
+    "final post-norm hidden state" gpt-oss short-context drafts are fed in sgl-project/sglang
+    PR #32334, and the feature EAGLE-1/2 integrations hand over, which retrofitted EAGLE-3
+    paths reuse for the "high" feature). No bundle draft trains boundary N, so the engine's
+    rule applies to the deepest requested boundary: [2,4,5] -> [2,4,normed]."""
+
+    name = "zoo:final_normed"
+    bug_class = "deepest aux state taken after the final norm"
+    expected_diagnosis_kind = "final_boundary_normed"
+    hook = "take_state"
+    issue = "sgl-project/sglang PR #32334 (post-norm final state); NickL77/BaldEagle#14"
+
+    def take_state(self, boundary: int, states: TargetStates) -> torch.Tensor:
+        return states.final_normed if self.is_deepest(boundary) else states.inputs[boundary]
+
+
+class FinalMissing(Mutant):
+    """The deepest boundary never captured: the engine captures only inside its layer loop and
+    the capture after the loop is missing (vllm-project/vllm PR #46973: deepseek_v2 silently
+    dropped the final-layer state; sgl-project/sglang#32226: "did not capture the final
+    boundary"), leaving that slot of the aux buffer zero. No bundle draft trains boundary N, so
+    the rule hits the deepest requested boundary: [2,4,5] -> [2,4,zeros]."""
+
+    name = "zoo:final_missing"
+    bug_class = "deepest boundary never captured (slot left zero)"
+    expected_diagnosis_kind = "final_boundary_missing"
+    hook = "take_state"
+    issue = "vllm-project/vllm PR #46973; sgl-project/sglang#32226"
+
+    def take_state(self, boundary: int, states: TargetStates) -> torch.Tensor:
+        return self.unwritten(boundary, states) if self.is_deepest(boundary) else states.inputs[boundary]
+
+
+class ResidualMissing(Mutant):
+    """Capture without the residual: an engine that keeps `hidden_states` and `residual`
+    apart (fused add-norm kernels) and records only `hidden_states`, i.e. layer k-1's MLP/MoE
+    output, where training used `hidden_states + residual` (the sum every correct capture
+    takes, cf. sgl-project/sglang PR #14280). "Retrieving hidden_states pre/post norm and
+    residuals" is the first suspect listed for an acceptance of 1.00 in NickL77/BaldEagle#14."""
+
+    name = "zoo:residual_missing"
+    bug_class = "aux state captured without the residual (MLP output only)"
+    expected_diagnosis_kind = "residual_missing"
+    hook = "take_state"
+    issue = "NickL77/BaldEagle#14; sgl-project/sglang PR #14280"
+
+    def take_state(self, boundary: int, states: TargetStates) -> torch.Tensor:
+        return states.mlp_out[boundary]
+
+
+class MoeCaptureSkipped(Mutant):
+    """Capture skipped for the MoE layers: with two-batch overlap, SGLang's deepseek_v2 runs
+    the layers from first_k_dense_replace on inside the TBO region, which captured nothing
+    (sgl-project/sglang PR #32680: 0 of 3 layers captured on DeepSeek-V2-Lite). A boundary
+    captured before a MoE layer (or after the last, MoE, layer) leaves its slot unwritten.
+    The tiny target's layer 0 is dense, so only the embedding survives: [2,4,5] -> all zero,
+    [0,4,6] -> [0, zeros, zeros]."""
+
+    name = "zoo:moe_capture_skipped"
+    bug_class = "capture skipped for MoE layers (two-batch-overlap path)"
+    expected_diagnosis_kind = "stale_or_skipped"
+    hook = "take_state"
+    issue = "sgl-project/sglang PR #32680"
+
+    def take_state(self, boundary: int, states: TargetStates) -> torch.Tensor:
+        layer = min(boundary, self.num_layers - 1)  # boundary N is captured after layer N-1
+        if boundary > 0 and self.layer_is_moe(layer):
+            return self.unwritten(boundary, states)
+        return states.inputs[boundary]
+
+
+# -- how slots become the fc input (combine) --------------------------------------------------
+
+
+class SlotsDescending(Mutant):
+    """Slots concatenated in the engine's own boundary order, not the config's: engines fill
+    slots in layer order whatever the list says (vLLM stores sorted(set(ids)), SGLang and
+    vLLM deepseek_v2 append inside the layer loop, cf. vllm-project/vllm PR #30574), and this
+    one walks its captures deepest first (a stack popped LIFO), so the bundle's ascending
+    configs show it: [2,4,5] -> [5,4,2], [0,4,6] -> [6,4,0]."""
+
+    name = "zoo:slots_descending"
+    bug_class = "aux slots in the engine's (descending) order instead of the config order"
+    expected_diagnosis_kind = "order_permuted"
+    hook = "combine"
+    issue = "vllm-project/vllm PR #30574 (capture order = layer order)"
+
+    def combine(self, slots: list[torch.Tensor]) -> torch.Tensor:
+        order = sorted(range(len(slots)), key=lambda i: -self.boundaries[i])
+        return torch.cat([slots[i] for i in order], dim=-1)
+
+
+# -- fc (project, draft_step_hidden) -----------------------------------------------------------
+
+
+class FcSkippedOnWidthMatch(Mutant):
+    """fc skipped whenever the aux width equals the draft hidden size: the "apply fc?" test
+    `if hidden_states.shape[-1] != embeds.shape[-1]` of EAGLE-1/2 code paths
+    (sgl-project/sglang PR #21272: an EAGLE-3 draft run as EAGLE, acceptance 1.00). Shows on
+    single-aux, whose fc input (1 x 128) is as wide as the draft (128)."""
+
+    name = "zoo:fc_skipped_width_match"
+    bug_class = "fc skipped because fc input width == draft hidden size"
+    expected_diagnosis_kind = "fc_skipped"
+    hook = "project"
+    issue = "sgl-project/sglang PR #21272"
+
+    def project(self, aux: torch.Tensor) -> torch.Tensor:
+        if aux.shape[-1] == self.draft.fc.out_features:
+            return aux
+        return self.draft.project(aux)
+
+
+class FcOnRecurrentState(Mutant):
+    """fc applied on every draft step, to the draft's own H-wide recurrent state too, where
+    training applies it once, to the target's aux states (the fc-once design of EAGLE-3, as
+    vllm-project/vllm PR #16937 implements it: later steps get the pre-norm output). The
+    engine keeps one static aux-width hidden buffer (CUDA-graph style): on later steps it
+    writes the H-wide state into the first H columns, the rest stay zero, and runs fc on the
+    buffer; on single-aux the widths agree and fc runs on the state itself. Same family as the
+    width-test bug of sgl-project/sglang PR #21272."""
+
+    name = "zoo:fc_on_recurrent_state"
+    bug_class = "fc re-applied to the draft's recurrent state on later draft steps"
+    expected_diagnosis_kind = "fc_on_recurrent_state"
+    hook = "draft_step_hidden"
+    issue = "vllm-project/vllm PR #16937 (fc once, pre-norm fed back); sgl-project/sglang PR #21272"
+
+    def draft_step_hidden(self, prev_output: torch.Tensor) -> torch.Tensor:
+        pad = self.draft.fc.in_features - prev_output.shape[-1]
+        return self.project(torch.nn.functional.pad(prev_output, (0, pad)))
+
+
+# -- vocabulary map and draft cache ------------------------------------------------------------
+
+
+class D2tAbsolute(Mutant):
+    """d2t read as absolute target ids (`d2t[i]`) where it holds offsets (`i + d2t[i]`):
+    verl-project/verl-SpeCo PR #67 (d2t defaulted to arange, i.e. read as ids, maps draft id i
+    to 2i), SafeAILab/EAGLE#222, NVIDIA-NeMo/Automodel PR #2447. Drafted tokens land outside
+    the draft vocabulary and are rejected; output stays lossless."""
+
+    name = "zoo:d2t_absolute"
+    bug_class = "d2t read as absolute target ids instead of offsets"
+    expected_diagnosis_kind = "d2t_absolute"
+    hook = "map_draft_ids"
+    issue = "verl-project/verl-SpeCo PR #67; SafeAILab/EAGLE#222; NVIDIA-NeMo/Automodel PR #2447"
+
+    def map_draft_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
+        return self.draft.d2t[draft_ids]
+
+
+class DraftKvNotRolledBack(Mutant):
+    """The draft KV cache is not rolled back after a verify: the entries of drafted, rejected
+    steps stay attended and the next positions continue after them (ml-explore/mlx-swift-lm
+    PR #308: drafting "while cross-attending over the rejected rows"; lablup/mlxcel#994: a
+    wrong draft-cache rewind starving the drafter). The first round is exact, later ones
+    drift."""
+
+    name = "zoo:draft_kv_not_rolled_back"
+    bug_class = "draft KV cache and positions not rolled back after a rejection"
+    expected_diagnosis_kind = "draft_kv_not_rolled_back"
+    hook = "rollback"
+    issue = "ml-explore/mlx-swift-lm PR #308; lablup/mlxcel#994"
+
+    def rollback(self, kv: DraftKV, length: int) -> None:
+        return None
+
+
+MUTANTS: dict[str, type[Mutant]] = {cls.name.removeprefix("zoo:"): cls for cls in (
+    IdsMinusOne,
+    IdsPlusOne,
+    EmbeddingDropped,
+    VllmIdsUnshifted,
+    SlotsDescending,
+    FinalNormed,
+    FinalMissing,
+    ResidualMissing,
+    FcSkippedOnWidthMatch,
+    FcOnRecurrentState,
+    D2tAbsolute,
+    DraftKvNotRolledBack,
+    MoeCaptureSkipped,
+)}
+

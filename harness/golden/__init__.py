@@ -1,0 +1,1 @@
+"""Golden bundles: what training saw, frozen to disk, and the code that regenerates it."""

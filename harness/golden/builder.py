@@ -1,0 +1,275 @@
+"""`eagle3-conformance golden build`: regenerate a bundle from nothing.
+
+corpus -> target -> regenerated draft data -> drafts (TTT) -> pinned-prompt tensors ->
+simulated acceptance -> manifest with hashes. CI never runs this (it is minutes of CPU);
+it exists so the committed bundle is reproducible and reviewable.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import shutil
+import tempfile
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import safetensors
+import torch
+import transformers
+from safetensors.torch import save_file
+
+from harness.golden.bundle import FORMAT_VERSION, MANIFEST, TENSORS, load_bundle, sha256_file
+from harness.golden.corpus import PAD, make_language, sample_batch
+from harness.golden.features import aux_features, target_features
+from harness.golden.training import (
+    TTT_STEPS,
+    TargetTraining,
+    predicted_acceptance_length,
+    regenerate,
+    train_draft,
+    train_target,
+    ttt_forward,
+    vocab_mapping,
+)
+from harness.models.draft import DraftConfig, Eagle3Draft
+from harness.models.target import load_target
+
+NUM_DRAFT_TOKENS = 4
+DRAFT_VOCAB_SIZE = 160
+PINNED_PROMPTS = 16
+PINNED_MAX_LEN = 32
+CONTINUATION_LEN = 32
+HELDOUT_PROMPTS = 24
+REGEN_PROMPT_LEN = 16
+
+
+@dataclass(frozen=True)
+class DraftRecipe:
+    """A draft to train: ids as written in its config, in `convention`, and what they mean."""
+
+    name: str
+    convention: str
+    layer_ids: tuple[int, ...]
+    boundaries: tuple[int, ...]
+
+
+def draft_recipes(num_layers: int) -> list[DraftRecipe]:
+    n = num_layers
+    return [
+        # SpecForge default ids [1, N//2-1, N-4]: output of layer k = boundary k+1.
+        DraftRecipe("specforge-default", "specforge", (1, n // 2 - 1, n - 4), (2, n // 2, n - 3)),
+        # The "-1 = embedding" training style (the motivating Kimi-K2.5 case): first slot is b=0.
+        DraftRecipe("embed-first", "embedding-minus-one", (-1, n // 2 - 1, n - 3), (0, n // 2, n - 2)),
+        # One aux state: fc input width == hidden width, so "fc skipped on width match" shows.
+        DraftRecipe("single-aux", "specforge", (n // 2 - 1,), (n // 2,)),
+    ]
+
+
+Simulator = Callable[[torch.nn.Module, Eagle3Draft, Sequence[int], Sequence[int], int, int],
+                     tuple[list[int], list[int]]]
+
+
+def _default_simulator() -> Simulator:
+    from harness.engines.speculative import simulate_chain
+
+    return simulate_chain
+
+
+def build_bundle(out: str | Path, seed: int = 0, target_steps: int = 900,
+                 draft_epochs: int = 4, log: Callable[[str], None] = print,
+                 target_from: Path | None = None, threads: int = 1) -> Path:
+    """Build into a temp folder and move it into place only when complete and verified.
+
+    `target_from`: a folder holding a target this builder trained earlier with the same seed
+    (its `training.json` carries the training figures), to rebuild drafts and tensors
+    without minutes of target training. `threads`: torch's intra-op threads, fixed so that
+    reductions run in one order (determinism on one machine); 1 also keeps a loaded 2-core
+    machine from thrashing.
+    """
+    out = Path(out)
+    torch.set_num_threads(threads)
+    torch.manual_seed(seed)
+    lang = make_language(seed)
+    if target_from is not None:
+        log(f"reusing the target trained in {target_from}")
+        tt = _reuse_target(Path(target_from), seed, target_steps)
+        tt_threads = json.loads((Path(target_from) / "training.json").read_text()).get("threads", threads)
+    else:
+        log(f"training target ({target_steps} steps)")
+        tt = train_target(lang, seed, steps=target_steps)
+        tt_threads = threads
+    log(f"target: final loss {tt.final_loss:.4f}, held-out next-token accuracy {tt.heldout_accuracy:.4f}")
+    tmp = Path(tempfile.mkdtemp(prefix=".golden-", dir=out.parent if out.parent.exists() else None))
+    try:
+        tt.model.save_pretrained(str(tmp / "target"), safe_serialization=True)
+        (tmp / "target" / "training.json").write_text(json.dumps(
+            {"seed": seed, "steps": target_steps, "threads": tt_threads, "final_train_loss": tt.final_loss,
+             "heldout_next_token_accuracy": tt.heldout_accuracy}, indent=2) + "\n")
+        target = load_target(tmp / "target")
+        num_layers = target.config.num_hidden_layers
+        hidden = target.config.hidden_size
+        g = torch.Generator().manual_seed(seed + 11)
+        train_seqs = regenerate(target, lang, 768, REGEN_PROMPT_LEN, 64, g)
+        held_seqs = regenerate(target, lang, 64, REGEN_PROMPT_LEN, 64, g)
+        d2t, t2d = vocab_mapping(train_seqs, DRAFT_VOCAB_SIZE, lang.vocab_size)
+        held_prompts = sample_batch(lang, HELDOUT_PROMPTS, 24, torch.Generator().manual_seed(seed + 13)).tolist()
+        pinned = _pinned_prompts(lang, seed)
+        feats = [target_features(target, p) for p in pinned]
+        tensors = _pinned_target_tensors(target, pinned, feats, hidden, num_layers)
+        tensors["heldout.ids"] = torch.tensor(held_prompts, dtype=torch.long)
+        simulate = _default_simulator()
+        drafts_meta: dict[str, Any] = {}
+        for i, recipe in enumerate(draft_recipes(num_layers)):
+            cfg = DraftConfig(vocab_size=lang.vocab_size, draft_vocab_size=DRAFT_VOCAB_SIZE,
+                              hidden_size=hidden, target_hidden_size=hidden,
+                              aux_layer_ids=recipe.layer_ids, intermediate_size=256)
+            log(f"training draft {recipe.name} ids {list(recipe.layer_ids)} "
+                f"(boundaries {list(recipe.boundaries)})")
+            dt = train_draft(target, cfg, recipe.boundaries, train_seqs, held_seqs, d2t, t2d,
+                             seed=seed + 100 + i, epochs=draft_epochs, score_from=REGEN_PROMPT_LEN)
+            folder = f"draft-{recipe.name}"
+            dt.draft.save(tmp / folder)
+            draft = Eagle3Draft.load(tmp / folder)
+            predicted = predicted_acceptance_length(dt.acc_k, NUM_DRAFT_TOKENS)
+            measured = _measure_acceptance(simulate, target, draft, recipe.boundaries, held_prompts)
+            log(f"  acc_k {[round(a, 3) for a in dt.acc_k]}; acceptance length predicted "
+                f"{predicted:.3f}, measured {measured:.3f} (k={NUM_DRAFT_TOKENS})")
+            tensors.update(_pinned_draft_tensors(recipe, target, draft, pinned, feats, simulate))
+            drafts_meta[recipe.name] = {
+                "folder": folder, "convention": recipe.convention,
+                "layer_ids": list(recipe.layer_ids), "boundaries": list(recipe.boundaries),
+                "ttt_steps": TTT_STEPS, "acc_k": [round(a, 6) for a in dt.acc_k],
+                "final_train_loss": round(dt.final_loss, 6),
+                "num_draft_tokens": NUM_DRAFT_TOKENS,
+                "predicted_acceptance_length": round(predicted, 6),
+                "measured_acceptance_length": round(measured, 6),
+                "draft_vocab_size": DRAFT_VOCAB_SIZE,
+                "norm_before_fc": cfg.norm_before_fc, "fc_norm": cfg.fc_norm,
+            }
+        save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp / TENSORS),
+                  metadata={"format_version": str(FORMAT_VERSION)})
+        manifest = {
+            "format_version": FORMAT_VERSION,
+            "name": out.name,
+            "seed": seed,
+            "description": "tiny DeepSeek-V3 (MLA + MoE) target on a synthetic language and "
+                           "EAGLE-3 drafts trained with TTT in SpecForge's layout",
+            "target": {
+                "folder": "target", "architecture": "DeepseekV3ForCausalLM",
+                "num_layers": num_layers, "hidden_size": hidden, "vocab_size": lang.vocab_size,
+                "train_steps": target_steps, "final_train_loss": round(tt.final_loss, 6),
+                "heldout_next_token_accuracy": round(tt.heldout_accuracy, 6),
+            },
+            "drafts": drafts_meta,
+            "prompts": {"count": len(pinned), "max_len": PINNED_MAX_LEN,
+                        "continuation_len": CONTINUATION_LEN, "pad_token_id": PAD},
+            "heldout": {"prompts": len(held_prompts), "prompt_len": 24,
+                        "max_new_tokens": CONTINUATION_LEN},
+            "threads": threads,
+            "target_threads": tt_threads,
+            "versions": {"torch": torch.__version__, "transformers": transformers.__version__,
+                         "safetensors": safetensors.__version__,
+                         "python": platform.python_version()},
+        }
+        manifest["files"] = {
+            str(p.relative_to(tmp)): sha256_file(p)
+            for p in sorted(tmp.rglob("*")) if p.is_file() and p.name != MANIFEST
+        }
+        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+        load_bundle(tmp)
+        if out.exists():
+            shutil.rmtree(out)
+        shutil.move(str(tmp), str(out))
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    log(f"bundle written to {out}")
+    return out
+
+
+def _reuse_target(folder: Path, seed: int, steps: int) -> TargetTraining:
+    stats = json.loads((folder / "training.json").read_text())
+    if stats.get("seed") != seed or stats.get("steps") != steps:
+        raise ValueError(f"{folder} was trained with seed {stats.get('seed')} for "
+                         f"{stats.get('steps')} steps, not seed {seed} for {steps}; retrain")
+    return TargetTraining(load_target(folder), float(stats["final_train_loss"]),
+                          float(stats["heldout_next_token_accuracy"]))
+
+
+def _pinned_prompts(lang, seed: int) -> list[list[int]]:
+    """Ragged lengths 1..PINNED_MAX_LEN, so every check sees edge lengths and padding."""
+    g = torch.Generator().manual_seed(seed + 17)
+    full = sample_batch(lang, PINNED_PROMPTS, PINNED_MAX_LEN, g).tolist()
+    lengths = [1, 2, PINNED_MAX_LEN] + torch.randint(
+        3, PINNED_MAX_LEN, (PINNED_PROMPTS - 3,), generator=g).tolist()
+    return [row[:n] for row, n in zip(full, lengths, strict=True)]
+
+
+def _pad(rows: Sequence[torch.Tensor], length: int, fill: float = 0) -> torch.Tensor:
+    """Stack [T, ...] tensors padded with `fill` along T to `length`."""
+    out = torch.full((len(rows), length, *rows[0].shape[1:]), fill, dtype=rows[0].dtype)
+    for i, r in enumerate(rows):
+        out[i, : r.shape[0]] = r
+    return out
+
+
+@torch.no_grad()
+def _pinned_target_tensors(target, pinned, feats, hidden: int, num_layers: int) -> dict[str, torch.Tensor]:
+    ids = torch.full((len(pinned), PINNED_MAX_LEN), PAD, dtype=torch.long)
+    for i, p in enumerate(pinned):
+        ids[i, : len(p)] = torch.tensor(p)
+    conts = []
+    for p in pinned:
+        x = torch.tensor([p])
+        y = target.generate(input_ids=x, attention_mask=torch.ones_like(x), do_sample=False,
+                            max_new_tokens=CONTINUATION_LEN, min_new_tokens=CONTINUATION_LEN,
+                            pad_token_id=PAD)
+        conts.append(y[0, len(p):])
+    return {
+        "prompts.ids": ids,
+        "prompts.lengths": torch.tensor([len(p) for p in pinned]),
+        "boundaries": _pad([f.boundaries.transpose(0, 1) for f in feats], PINNED_MAX_LEN).transpose(1, 2).contiguous(),
+        "final_normed": _pad([f.final_normed for f in feats], PINNED_MAX_LEN),
+        "mlp_out": _pad([f.mlp_out.transpose(0, 1) for f in feats], PINNED_MAX_LEN).transpose(1, 2).contiguous(),
+        "continuations": torch.stack(conts),
+    }
+
+
+@torch.no_grad()
+def _pinned_draft_tensors(recipe: DraftRecipe, target, draft: Eagle3Draft, pinned, feats,
+                          simulate: Simulator) -> dict[str, torch.Tensor]:
+    aux = [aux_features(f, recipe.boundaries) for f in feats]
+    fc = [draft.project(a) for a in aux]
+    steps = []
+    for p, a, f in zip(pinned, aux, feats, strict=True):
+        labels = f.logits.argmax(-1)
+        _, _, preds = ttt_forward(draft, torch.tensor([p]), a[None], labels[None])
+        grid = torch.full((len(p), TTT_STEPS), -1, dtype=torch.long)
+        for j, pr in enumerate(preds):
+            grid[: pr.shape[1], j] = draft.to_target_ids(pr[0])
+        steps.append(grid)
+    traces = [simulate(target, draft, p, recipe.boundaries, NUM_DRAFT_TOKENS, CONTINUATION_LEN)[1]
+              for p in pinned]
+    width = max(len(t) for t in traces)
+    trace = torch.full((len(pinned), width), -1, dtype=torch.long)
+    for i, t in enumerate(traces):
+        trace[i, : len(t)] = torch.tensor(t, dtype=torch.long)
+    name = recipe.name
+    return {
+        f"{name}.aux": _pad(aux, PINNED_MAX_LEN),
+        f"{name}.fc": _pad(fc, PINNED_MAX_LEN),
+        f"{name}.draft_tokens": _pad(steps, PINNED_MAX_LEN, fill=-1),
+        f"{name}.accept_trace": trace,
+    }
+
+
+def _measure_acceptance(simulate: Simulator, target, draft, boundaries, prompts) -> float:
+    accepted = rounds = 0
+    for p in prompts:
+        _, trace = simulate(target, draft, p, boundaries, NUM_DRAFT_TOKENS, CONTINUATION_LEN)
+        accepted += sum(trace)
+        rounds += len(trace)
+    return 1.0 + accepted / rounds

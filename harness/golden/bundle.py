@@ -1,0 +1,199 @@
+"""The golden bundle: a target, its drafts and the training-time tensors, hash-pinned.
+
+A bundle is what the suite trusts, so loading it checks everything that can be checked
+cheaply: the manifest's format version, that every listed file exists and matches its
+sha256, that the tensors have the shapes the manifest promises. Each failure is one line
+naming the problem and the fix, because the CLI prints it as it is.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file
+
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+TENSORS = "tensors.safetensors"
+DEFAULT_BUNDLE_NAME = "tiny-dsv3"
+
+
+class BundleError(ValueError):
+    """A bundle that cannot be trusted; the message is one line with the fix."""
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+@dataclass(frozen=True)
+class DraftSpec:
+    """What training did for one draft: the ids in its convention and the boundaries they meant."""
+
+    name: str
+    folder: str
+    convention: str
+    layer_ids: tuple[int, ...]
+    boundaries: tuple[int, ...]
+    acc_k: tuple[float, ...]
+    num_draft_tokens: int
+    predicted_acceptance_length: float
+    measured_acceptance_length: float
+
+
+@dataclass
+class Bundle:
+    path: Path
+    manifest: dict[str, Any]
+    drafts: dict[str, DraftSpec]
+    _tensors: dict[str, torch.Tensor] | None = field(default=None, repr=False)
+
+    @property
+    def name(self) -> str:
+        return str(self.manifest.get("name", self.path.name))
+
+    @property
+    def target_dir(self) -> Path:
+        return self.path / self.manifest["target"]["folder"]
+
+    @property
+    def num_layers(self) -> int:
+        return int(self.manifest["target"]["num_layers"])
+
+    @property
+    def hidden_size(self) -> int:
+        return int(self.manifest["target"]["hidden_size"])
+
+    @property
+    def draft_names(self) -> list[str]:
+        return list(self.drafts)
+
+    def draft(self, name: str) -> DraftSpec:
+        if name not in self.drafts:
+            raise BundleError(f"bundle {self.path} has no draft {name!r}; "
+                              f"choose one of {', '.join(self.drafts)}")
+        return self.drafts[name]
+
+    def draft_dir(self, name: str) -> Path:
+        return self.path / self.draft(name).folder
+
+    @property
+    def tensors(self) -> dict[str, torch.Tensor]:
+        if self._tensors is None:
+            self._tensors = load_file(str(self.path / TENSORS))
+        return self._tensors
+
+    def prompts(self) -> list[list[int]]:
+        """The pinned prompt set, unpadded."""
+        ids, lengths = self.tensors["prompts.ids"], self.tensors["prompts.lengths"]
+        return [ids[i, : int(n)].tolist() for i, n in enumerate(lengths)]
+
+    def manifest_sha256(self) -> str:
+        return sha256_file(self.path / MANIFEST)
+
+
+_REQUIRED_TOP = ("format_version", "name", "target", "drafts", "prompts", "heldout", "files",
+                 "versions")
+
+
+def _need(cond: bool, message: str) -> None:
+    if not cond:
+        raise BundleError(message)
+
+
+def load_bundle(path: str | Path, verify_hashes: bool = True) -> Bundle:
+    root = Path(path)
+    _need(root.is_dir(), f"bundle {root} does not exist or is not a folder; "
+                         f"pass --bundle pointing at a golden/<name> folder")
+    mpath = root / MANIFEST
+    _need(mpath.is_file(), f"bundle {root} has no {MANIFEST}; rebuild it with "
+                           f"`eagle3-conformance golden build --out {root}`")
+    try:
+        manifest = json.loads(mpath.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise BundleError(f"{mpath} is not valid JSON ({e.msg if hasattr(e, 'msg') else e}); "
+                          f"restore it from git or rebuild the bundle") from None
+    _need(isinstance(manifest, dict), f"{mpath} must hold a JSON object; restore it or rebuild")
+    missing = [k for k in _REQUIRED_TOP if k not in manifest]
+    _need(not missing, f"{mpath} lacks {', '.join(missing)}; restore it or rebuild the bundle")
+    version = manifest["format_version"]
+    _need(version == FORMAT_VERSION,
+          f"bundle format version {version!r} is not supported (this suite reads version "
+          f"{FORMAT_VERSION}); rebuild the bundle with this version of eagle3-conformance")
+    files = manifest["files"]
+    _need(isinstance(files, dict) and files, f"{mpath}: 'files' must map paths to sha256")
+    for rel, digest in sorted(files.items()):
+        fpath = root / rel
+        _need(fpath.is_file(), f"bundle file {rel} is missing from {root}; "
+                               f"restore it (git checkout) or rebuild the bundle")
+        if verify_hashes:
+            actual = sha256_file(fpath)
+            _need(actual == digest, f"bundle file {rel} fails its sha256 check (manifest "
+                                    f"{digest[:12]}…, file {actual[:12]}…); it was modified — "
+                                    f"restore it or rebuild the bundle")
+    for needed in (TENSORS, f"{manifest['target'].get('folder', 'target')}/config.json"):
+        _need(needed in files, f"{mpath}: 'files' does not list {needed}; rebuild the bundle")
+    drafts = {}
+    for name, d in manifest["drafts"].items():
+        try:
+            drafts[name] = DraftSpec(
+                name=name, folder=d["folder"], convention=d["convention"],
+                layer_ids=tuple(d["layer_ids"]), boundaries=tuple(d["boundaries"]),
+                acc_k=tuple(d["acc_k"]), num_draft_tokens=int(d["num_draft_tokens"]),
+                predicted_acceptance_length=float(d["predicted_acceptance_length"]),
+                measured_acceptance_length=float(d["measured_acceptance_length"]))
+        except (KeyError, TypeError, ValueError) as e:
+            raise BundleError(f"{mpath}: draft {name!r} entry is malformed ({e!r}); "
+                              f"rebuild the bundle") from None
+        _need(f"{d['folder']}/config.json" in files and f"{d['folder']}/model.safetensors" in files,
+              f"{mpath}: draft {name!r} files are not listed; rebuild the bundle")
+    _need(bool(drafts), f"{mpath} lists no drafts; rebuild the bundle")
+    bundle = Bundle(root, manifest, drafts)
+    _check_tensors(bundle)
+    return bundle
+
+
+def _check_tensors(bundle: Bundle) -> None:
+    try:
+        t = bundle.tensors
+    except (SafetensorError, OSError, RuntimeError) as e:
+        raise BundleError(f"{TENSORS} in {bundle.path} cannot be read ({str(e).splitlines()[0]}); "
+                          f"restore it or rebuild the bundle") from None
+    m = bundle.manifest
+    n_layers, hidden = bundle.num_layers, bundle.hidden_size
+    p, max_len = int(m["prompts"]["count"]), int(m["prompts"]["max_len"])
+    gen = int(m["prompts"]["continuation_len"])
+    expect: dict[str, tuple[int, ...]] = {
+        "prompts.ids": (p, max_len),
+        "prompts.lengths": (p,),
+        "boundaries": (p, n_layers + 1, max_len, hidden),
+        "final_normed": (p, max_len, hidden),
+        "mlp_out": (p, n_layers + 1, max_len, hidden),
+        "continuations": (p, gen),
+        "heldout.ids": (int(m["heldout"]["prompts"]), int(m["heldout"]["prompt_len"])),
+    }
+    for name, spec in bundle.drafts.items():
+        n = len(spec.boundaries)
+        expect[f"{name}.aux"] = (p, max_len, n * hidden)
+        expect[f"{name}.fc"] = (p, max_len, -1)
+        expect[f"{name}.draft_tokens"] = (p, max_len, -1)
+        expect[f"{name}.accept_trace"] = (p, -1)
+    for key, shape in expect.items():
+        _need(key in t, f"{TENSORS} lacks tensor {key!r}; rebuild the bundle")
+        actual = tuple(t[key].shape)
+        ok = len(actual) == len(shape) and all(s in (-1, a) for s, a in zip(shape, actual, strict=True))
+        _need(ok, f"tensor {key!r} has shape {list(actual)}, the manifest implies "
+                  f"{[s if s >= 0 else '*' for s in shape]}; rebuild the bundle")
+    lengths = t["prompts.lengths"]
+    _need(bool((lengths >= 1).all() and (lengths <= max_len).all()),
+          f"prompts.lengths out of range 1..{max_len}; rebuild the bundle")

@@ -1,0 +1,212 @@
+"""Training from nothing: the target on the synthetic language, then EAGLE-3 drafts with the
+training-time test (TTT), as SpecForge trains them. Deterministic for a seed on one machine
+(fixed thread count, seeded generators, no data-order randomness outside them).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from harness.golden.corpus import PAD, Language, sample_batch
+from harness.golden.features import aux_features, target_features
+from harness.models.draft import DraftConfig, Eagle3Draft
+from harness.models.target import build_target, target_config_dict
+
+TTT_STEPS = 7
+TTT_DECAY = 0.8
+
+
+@dataclass
+class TargetTraining:
+    model: torch.nn.Module
+    final_loss: float
+    heldout_accuracy: float
+
+
+def train_target(lang: Language, seed: int, steps: int = 900, batch: int = 32,
+                 seq_len: int = 64, lr: float = 3e-3) -> TargetTraining:
+    g = torch.Generator().manual_seed(seed + 1)
+    model = build_target(target_config_dict(vocab_size=lang.vocab_size), seed)
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: min(1.0, (s + 1) / 50) * 0.5 * (1 + math.cos(math.pi * s / steps)))
+    losses: list[float] = []
+    for _ in range(steps):
+        x = sample_batch(lang, batch, seq_len, g)
+        loss = model(input_ids=x, labels=x).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        opt.zero_grad(set_to_none=True)
+        losses.append(loss.detach().item())
+    model.eval()
+    held = sample_batch(lang, 64, seq_len, torch.Generator().manual_seed(seed + 2))
+    with torch.no_grad():
+        pred = model(input_ids=held).logits[:, :-1].argmax(-1)
+    acc = float((pred == held[:, 1:]).float().mean())
+    return TargetTraining(model, sum(losses[-20:]) / 20, acc)
+
+
+@torch.no_grad()
+def regenerate(target: torch.nn.Module, lang: Language, count: int, prompt_len: int,
+               total_len: int, g: torch.Generator) -> torch.Tensor:
+    """Corpus prompts continued by the target's own greedy decoding: the data the draft is
+    trained on, as SpecForge's regenerate step recommends, so training accuracy predicts
+    greedy serving acceptance."""
+    prompts = sample_batch(lang, count, prompt_len, g)
+    out = target.generate(input_ids=prompts, attention_mask=torch.ones_like(prompts),
+                          max_new_tokens=total_len - prompt_len, do_sample=False,
+                          min_new_tokens=total_len - prompt_len, pad_token_id=PAD)
+    return out[:, :total_len]
+
+
+def vocab_mapping(data: torch.Tensor, draft_vocab_size: int,
+                  vocab_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """SpecForge's frequency-built mapping: the draft vocab holds the most frequent target
+    ids in ascending id order; d2t[i] is an OFFSET (target id = i + d2t[i]); t2d a mask."""
+    counts = torch.bincount(data.flatten(), minlength=vocab_size)
+    top = torch.sort(torch.topk(counts, draft_vocab_size, sorted=True).indices).values
+    d2t = top - torch.arange(draft_vocab_size)
+    t2d = torch.zeros(vocab_size, dtype=torch.bool)
+    t2d[top] = True
+    return d2t, t2d
+
+
+@dataclass
+class DraftTraining:
+    draft: Eagle3Draft
+    acc_k: list[float]  # held-out per-step accuracy, TTT steps 0..6
+    final_loss: float
+
+
+def _features(target: torch.nn.Module, seqs: torch.Tensor,
+              boundaries: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """fp32 aux features [B, L, n*H] and target argmax labels [B, L] for whole sequences."""
+    aux, labels = [], []
+    for row in seqs.tolist():
+        f = target_features(target, row)
+        aux.append(aux_features(f, boundaries))
+        labels.append(f.logits.argmax(-1))
+    return torch.stack(aux), torch.stack(labels)
+
+
+def ttt_forward(draft: Eagle3Draft, tokens: torch.Tensor, aux: torch.Tensor,
+                labels: torch.Tensor, steps: int = TTT_STEPS, score_from: int = 0,
+                ) -> tuple[torch.Tensor, list[float], list[torch.Tensor]]:
+    """The training-time test: step j at position t reads token[t+j+1] and the step-(j-1)
+    output (fc(aux) at step 0), sits at rotary position t+j, attends causally to step-0
+    keys and to its own diagonal keys of steps 1..j, and predicts the target's argmax at
+    t+j+1. This is exactly what a serving engine computes when drafting j+1 tokens ahead.
+
+    Returns the weighted loss, per-step accuracy and per-step draft argmax (draft ids, [B, valid_j]).
+    Accuracy counts only predicted tokens at index >= `score_from` (the generated part of a
+    regenerated sequence, like SpecForge's response-only loss mask), so acc_k describes the
+    greedy continuations that serving acceptance is measured on.
+    """
+    b, length = tokens.shape
+    layer = draft.midlayer
+    attn = layer.self_attn
+    cfg = draft.cfg
+    t2d = draft.t2d
+    draft_index = torch.cumsum(t2d.long(), 0) - 1  # target id -> draft id where t2d
+    hidden = draft.project(aux)
+    keys: list[torch.Tensor] = []
+    values: list[torch.Tensor] = []
+    base = torch.arange(length)
+    causal = base[None, :] <= base[:, None]  # [L, L]
+    total = torch.zeros(())
+    accs: list[float] = []
+    preds: list[torch.Tensor] = []
+    for j in range(steps):
+        valid = length - j - 1  # positions t with a label at t+j+1
+        if valid <= 0:
+            break
+        ids = torch.full_like(tokens, PAD)
+        ids[:, :valid] = tokens[:, j + 1:j + 1 + valid]
+        x = layer.attention_input(draft.embed_tokens(ids), hidden)
+        q, k, v = attn.qkv(x, (base + j)[None].expand(b, -1))
+        keys.append(k)
+        values.append(v)
+        rep = cfg.num_attention_heads // cfg.num_key_value_heads
+        k0 = keys[0].repeat_interleave(rep, 1)
+        v0 = values[0].repeat_interleave(rep, 1)
+        scale = 1.0 / math.sqrt(cfg.head_dim)
+        s0 = (q @ k0.transpose(-1, -2)) * scale
+        s0 = s0.masked_fill(~causal, torch.finfo(s0.dtype).min)
+        diag_k = [kk.repeat_interleave(rep, 1) for kk in keys[1:]]
+        diag_v = [vv.repeat_interleave(rep, 1) for vv in values[1:]]
+        sd = [((q * kk).sum(-1) * scale)[..., None] for kk in diag_k]
+        probs = torch.cat([s0, *sd], -1).softmax(-1)
+        out = probs[..., :length] @ v0
+        for i, vv in enumerate(diag_v):
+            out = out + probs[..., length + i:length + i + 1] * vv
+        out = attn.o_proj(out.transpose(1, 2).reshape(b, length, -1))
+        hidden = layer.finish(hidden, out)
+        logits = draft.logits(hidden)[:, :valid]
+        target = labels[:, j + 1:j + 1 + valid]
+        in_vocab = t2d[target]
+        tgt = draft_index[target].clamp(min=0)
+        ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tgt.reshape(-1), reduction="none")
+        loss = (ce * in_vocab.reshape(-1).float()).mean()
+        total = total + (TTT_DECAY ** j) * loss
+        pred = logits.argmax(-1)
+        preds.append(pred)
+        hit = ((pred == tgt) & in_vocab)[:, max(0, score_from - j - 1):]
+        accs.append(float(hit.float().mean()) if hit.numel() else float("nan"))
+    return total, accs, preds
+
+
+def train_draft(target: torch.nn.Module, cfg: DraftConfig, boundaries: Sequence[int],
+                train_seqs: torch.Tensor, heldout_seqs: torch.Tensor, d2t: torch.Tensor,
+                t2d: torch.Tensor, seed: int, epochs: int = 4, batch: int = 32,
+                lr: float = 2e-3, score_from: int = 0) -> DraftTraining:
+    torch.manual_seed(seed)
+    draft = Eagle3Draft(cfg)
+    draft.embed_tokens.weight.data.copy_(target.model.embed_tokens.weight.data)
+    draft.embed_tokens.weight.requires_grad_(False)  # frozen copy, as SpecForge does
+    draft.d2t.copy_(d2t)
+    draft.t2d.copy_(t2d)
+    aux, labels = _features(target, train_seqs, boundaries)
+    h_aux, h_labels = _features(target, heldout_seqs, boundaries)
+    params = [p for p in draft.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=lr)
+    g = torch.Generator().manual_seed(seed + 7)
+    n = train_seqs.shape[0]
+    total_steps = epochs * math.ceil(n / batch)
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: min(1.0, (s + 1) / 20) * 0.5 * (1 + math.cos(math.pi * s / total_steps)))
+    last = float("nan")
+    draft.train()
+    for _ in range(epochs):
+        order = torch.randperm(n, generator=g)
+        for start in range(0, n, batch):
+            idx = order[start:start + batch]
+            loss, _, _ = ttt_forward(draft, train_seqs[idx], aux[idx], labels[idx])
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(params, 1.0)
+            opt.step()
+            sched.step()
+            opt.zero_grad(set_to_none=True)
+            last = loss.detach().item()
+    draft.eval()
+    with torch.no_grad():
+        _, acc, _ = ttt_forward(draft, heldout_seqs, h_aux, h_labels, score_from=score_from)
+    draft.embed_tokens.weight.requires_grad_(True)
+    return DraftTraining(draft, acc, last)
+
+
+def predicted_acceptance_length(acc_k: Sequence[float], num_draft_tokens: int) -> float:
+    """tau = 1 + sum_{k<S} prod_{j<=k} acc_j (DESIGN.md): the chain acceptance training implies."""
+    tau, running = 1.0, 1.0
+    for k in range(min(num_draft_tokens, len(acc_k))):
+        running *= acc_k[k]
+        tau += running
+    return tau
+

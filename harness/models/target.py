@@ -1,0 +1,110 @@
+"""The tiny DeepSeek-V3 target: MLA attention, grouped top-k routing, shared + routed experts.
+
+The dimensions are not free: vLLM's CPU MLA backend accepts only bf16 and an MLA head dim
+(kv_lora_rank + qk_rope_head_dim) of 320, 512 or 576, and it loads
+`e_score_correction_bias` only under `topk_method: noaux_tc` with sigmoid scoring. The
+model must load unchanged in transformers (the reference) and in vLLM (the engine under
+test), so the config carries both sets of keys.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
+
+NUM_LAYERS = 8
+
+
+def target_config_dict(vocab_size: int = 512, num_layers: int = NUM_LAYERS) -> dict[str, Any]:
+    """The one target shape the golden bundle uses; tests may shrink `num_layers`."""
+    return {
+        "architectures": ["DeepseekV3ForCausalLM"],
+        "model_type": "deepseek_v3",
+        "vocab_size": vocab_size,
+        "hidden_size": 128,
+        "intermediate_size": 256,
+        "moe_intermediate_size": 64,
+        "num_hidden_layers": num_layers,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 2,
+        "n_shared_experts": 1,
+        "n_routed_experts": 8,
+        "num_experts_per_tok": 2,
+        "n_group": 2,
+        "topk_group": 1,
+        "routed_scaling_factor": 1.0,
+        "first_k_dense_replace": 1,
+        "norm_topk_prob": True,
+        "topk_method": "noaux_tc",
+        "scoring_func": "sigmoid",
+        "kv_lora_rank": 256,
+        "q_lora_rank": None,
+        "qk_rope_head_dim": 64,
+        "qk_nope_head_dim": 32,
+        "v_head_dim": 32,
+        "hidden_act": "silu",
+        "max_position_embeddings": 512,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 10000.0,
+        "rope_scaling": None,
+        "rope_interleave": True,
+        "tie_word_embeddings": False,
+        "attention_bias": False,
+        "bos_token_id": 0,
+        "eos_token_id": 1,
+        "pad_token_id": 2,
+        "num_nextn_predict_layers": 0,
+        "moe_layer_freq": 1,
+        "initializer_range": 0.02,
+        "torch_dtype": "float32",
+    }
+
+
+def build_target(config: dict[str, Any], seed: int) -> DeepseekV3ForCausalLM:
+    torch.manual_seed(seed)
+    hf_config = DeepseekV3Config(**{k: v for k, v in config.items() if k != "architectures"})
+    hf_config.architectures = ["DeepseekV3ForCausalLM"]
+    model = DeepseekV3ForCausalLM(hf_config)
+    model.eval()
+    return model
+
+
+def load_target(path: str | Path, dtype: torch.dtype = torch.float32,
+                device: str | torch.device = "cpu") -> DeepseekV3ForCausalLM:
+    """Load any HF-format DeepSeek-V3 checkpoint (ours or a user's)."""
+    model = DeepseekV3ForCausalLM.from_pretrained(str(path), dtype=dtype)
+    return model.to(device).eval()
+
+
+def decoder_layers(model: torch.nn.Module) -> torch.nn.ModuleList:
+    inner = getattr(model, "model", model)
+    return inner.layers
+
+
+@torch.no_grad()
+def boundary_states(model: torch.nn.Module, input_ids: torch.Tensor,
+                    attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+    """All N+1 boundaries of a forward pass, by definition: the input of each decoder layer,
+    then the input of the final norm. Hooks, not `output_hidden_states`, because some
+    transformers versions return boundary N after the norm.
+
+    Returns [N+1, batch, seq, hidden].
+    """
+    layers = decoder_layers(model)
+    captured: list[torch.Tensor] = []
+    handles = [layer.register_forward_pre_hook(
+        lambda _m, args, kwargs: captured.append(
+            (args[0] if args else kwargs["hidden_states"]).detach().clone()),
+        with_kwargs=True) for layer in layers]
+    norm = model.model.norm
+    handles.append(norm.register_forward_pre_hook(
+        lambda _m, args: captured.append(args[0].detach().clone())))
+    try:
+        model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+    finally:
+        for h in handles:
+            h.remove()
+    return torch.stack(captured, dim=0)

@@ -1,0 +1,502 @@
+"""The pytest plugin (entry point `eagle3_conformance`): options, fixtures, xfails, the report.
+
+Every check runs once per draft of the bundle (`draft_name` is a session-scoped parameter, so
+pytest groups the checks by draft and each engine is built once per draft and closed when the
+next draft's begins, never two engines alive at once). A check fails by raising an
+AssertionError; raising `harness.report.ConformanceFailure(message, diagnoses)` also attaches
+the diagnoses to the check in report.json.
+
+The plugin is loaded in every pytest run of an environment where the package is installed,
+so it stays inert until a test asks for one of its fixtures, and imports torch only then.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import settings as hypothesis_settings
+from hypothesis.errors import InvalidArgument
+
+from harness import profiles
+from harness.registry import EngineLookupError, check_engine_name, engine_path, resolve_engine
+from harness.report import (
+    ReportCollector,
+    clear_reports,
+    verdict_line,
+    write_reports,
+)
+
+PLUGIN_FIXTURES = frozenset({"bundle", "draft_name", "engine", "engine_class", "report"})
+DTYPES = ("float32", "bfloat16", "float16")
+JUNIT_PARTIAL = ".junit.xml.partial"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    g = parser.getgroup("eagle3-conformance", "EAGLE-3 conformance")
+    g.addoption("--engine", default="reference", metavar="NAME",
+                help="engine adapter: reference, vllm, sglang, zoo:<mutant> or package.module:Class "
+                     "(default: reference)")
+    g.addoption("--bundle", default=None, metavar="PATH",
+                help="golden bundle folder (default: the committed golden/tiny-dsv3)")
+    g.addoption("--draft", action="append", default=None, metavar="NAME",
+                help="run only this draft of the bundle (repeatable; default: every draft)")
+    g.addoption("--dtype", default=None, choices=DTYPES,
+                help="engine dtype (default: the engine's own, e.g. float32 reference, bfloat16 vllm)")
+    g.addoption("--device", default="cpu", help="engine device (default: cpu)")
+    g.addoption("--num-draft-tokens", type=int, default=4, metavar="K",
+                help="chain length k of speculative decoding (default: 4)")
+    g.addoption("--report-dir", default=None, metavar="DIR",
+                help="write report.json, report.md, report.html and junit.xml here")
+    g.addoption("--xfails", default=None, metavar="FILE",
+                help="known-nonconformance list (default: suites/xfails/<engine>.txt)")
+
+
+# -- session state ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class XfailRule:
+    """One line of an xfails file: `<check id glob>  # reason`. Only * and ? are wildcards,
+    so the brackets of parametrized ids match literally."""
+
+    pattern: str
+    reason: str
+    where: str
+
+    def matches(self, *ids: str) -> bool:
+        rx = "".join(".*" if c == "*" else "." if c == "?" else re.escape(c) for c in self.pattern)
+        return any(re.fullmatch(rx, i) for i in ids)
+
+
+def read_xfails(path: Path) -> list[XfailRule]:
+    if not path.is_file():
+        return []
+    rules = []
+    for n, raw in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        pattern, _, reason = raw.partition("#")
+        if pattern.strip():
+            rules.append(XfailRule(pattern.strip(), reason.strip() or "known nonconformance",
+                                   f"{path}:{n}"))
+    return rules
+
+
+def xfails_file_name(engine: str) -> str:
+    return re.sub(r"[^\w.-]", "_", engine) + ".txt"
+
+
+def check_id(nodeid: str) -> str:
+    """The id in reports and xfails files: file name :: test[params], the same whatever
+    folder pytest was started from."""
+    path, sep, rest = nodeid.partition("::")
+    return f"{Path(path).name}{sep}{rest}"
+
+
+@dataclass
+class State:
+    config: pytest.Config
+    engine_name: str
+    report_dir: Path | None
+    started: float = field(default_factory=time.time)
+    collector: ReportCollector = field(default_factory=ReportCollector)
+    junit_tmp: Path | None = None
+    conformance_run: bool = False
+    engine_cls: type | None = None
+    engine_problem: str | None = None
+    resolved: bool = False
+    unmatched_xfails: list[str] = field(default_factory=list)
+    xfails_path: Path | None = None
+    usage_error: str | None = None  # bad input met during collection; stops the run after it
+    report: dict[str, Any] | None = None
+    _bundle: Any = None
+
+    def option(self, name: str) -> Any:
+        return self.config.getoption(name)
+
+    def bundle_path(self) -> Path:
+        given = self.option("bundle")
+        if given:
+            return Path(given)
+        from harness.paths import default_bundle_path
+
+        return default_bundle_path()
+
+    def bundle(self) -> Any:
+        """Loaded (and hash-verified) once; a bad bundle stops the run with one line."""
+        if self._bundle is None:
+            from harness.golden.bundle import BundleError, load_bundle
+
+            try:
+                self._bundle = load_bundle(self.bundle_path())
+            except BundleError as e:
+                self.usage_error = str(e)
+                raise pytest.UsageError(self.usage_error) from None
+        return self._bundle
+
+    def drafts(self) -> list[str]:
+        available = self.bundle().draft_names
+        chosen = self.option("draft") or available
+        unknown = [d for d in chosen if d not in available]
+        if unknown:
+            self.usage_error = (f"bundle {self.bundle_path()} has no draft {unknown[0]!r}; "
+                                f"choose from {', '.join(available)}")
+            raise pytest.UsageError(self.usage_error)
+        return list(dict.fromkeys(chosen))
+
+    def resolve(self) -> None:
+        if self.resolved:
+            return
+        self.resolved = True
+        from harness.engines.base import EngineUnavailable
+
+        try:
+            self.engine_cls = resolve_engine(self.engine_name)
+        except EngineLookupError as e:
+            self.usage_error = str(e)
+            raise pytest.UsageError(self.usage_error) from None
+        except EngineUnavailable as e:
+            self.engine_problem = f"engine {self.engine_name} unavailable: {e}"
+            self.collector.engine_unavailable = self.engine_problem
+
+    def dtype(self) -> str | None:
+        return self.option("dtype") or getattr(self.engine_cls, "default_dtype", None)
+
+
+_KEY = pytest.StashKey[State]()
+
+
+def _state(config: pytest.Config) -> State:
+    return config.stash[_KEY]
+
+
+# -- configuration ---------------------------------------------------------------------------
+
+
+@pytest.hookimpl(tryfirst=True)  # before the terminal reporter and junitxml read the options
+def pytest_configure(config: pytest.Config) -> None:
+    report_dir = config.getoption("report_dir")
+    if report_dir:  # first, so that even a run refused below leaves no stale report
+        try:
+            Path(report_dir).mkdir(parents=True, exist_ok=True)
+            clear_reports(Path(report_dir))
+        except OSError as e:
+            raise pytest.UsageError(f"cannot use --report-dir {report_dir} ({e.strerror or e}); "
+                                    f"pass a writable folder") from None
+    if config.getoption("num_draft_tokens") < 1:
+        raise pytest.UsageError("--num-draft-tokens must be at least 1")
+    name = config.getoption("engine")
+    try:
+        check_engine_name(name)
+    except EngineLookupError as e:
+        raise pytest.UsageError(str(e)) from None
+    if not config.getoption("--hypothesis-profile", None):
+        try:
+            profiles.load_default_profile()
+        except InvalidArgument as e:
+            raise pytest.UsageError(f"HYPOTHESIS_PROFILE: {e}; use one of "
+                                    f"{', '.join(profiles.PROFILES)}") from None
+    chars = config.option.reportchars or ""
+    if "N" not in chars:  # skip and xfail reasons always shown, unless -rN asks for silence
+        config.option.reportchars = chars + "".join(c for c in "sx" if c not in chars)
+    state = State(config, name, Path(report_dir) if report_dir else None)
+    if state.report_dir is not None:
+        if hasattr(config.option, "xmlpath") and not config.option.xmlpath:
+            state.junit_tmp = state.report_dir / JUNIT_PARTIAL
+            config.option.xmlpath = str(state.junit_tmp)
+    config.stash[_KEY] = state
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    given = config.getoption("bundle") or "golden/tiny-dsv3 (default)"
+    return (f"eagle3-conformance: engine {config.getoption('engine')}, bundle {given}, "
+            f"hypothesis profile {hypothesis_settings.get_current_profile_name()}")
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "draft_name" not in metafunc.fixturenames:
+        return
+    if any("draft_name" in str(m.args[0] if m.args else "")
+           for m in metafunc.definition.iter_markers("parametrize")):
+        return  # the test parametrizes it itself
+    try:
+        names = _state(metafunc.config).drafts()
+    except pytest.UsageError:
+        return  # raised once, whole, after collection: not as one error per test module
+    metafunc.parametrize("draft_name", names, ids=names, indirect=True, scope="session")
+
+
+def _is_check(item: pytest.Item) -> bool:
+    if PLUGIN_FIXTURES & set(getattr(item, "fixturenames", ())):
+        return True
+    from harness.paths import suites_path
+
+    return Path(item.path).resolve().is_relative_to(suites_path().resolve())
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    state = _state(session.config)
+    if state.usage_error:
+        raise pytest.UsageError(state.usage_error)
+    checks = [item for item in session.items if _is_check(item)]
+    if not checks:
+        return
+    state.conformance_run = True
+    if any("bundle" in item.fixturenames for item in checks):
+        state.bundle()  # bad input stops the run here, before any check
+    if any("engine" in item.fixturenames or "engine_class" in item.fixturenames for item in checks):
+        state.resolve()
+    given = session.config.getoption("xfails")
+    if given:
+        state.xfails_path = Path(given)
+    else:
+        from harness.paths import suites_path
+
+        state.xfails_path = suites_path() / "xfails" / xfails_file_name(state.engine_name)
+    rules = read_xfails(state.xfails_path)
+    used: set[XfailRule] = set()
+    for item in checks:
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        cid = check_id(item.nodeid)
+        record = state.collector.check(cid, item.nodeid, params.get("draft_name"),
+                                       uses_engine="engine" in item.fixturenames)
+        rule = next((r for r in rules if r.matches(cid, item.nodeid)), None)
+        if rule is not None:
+            used.add(rule)
+            record.xfail_reason = f"{rule.reason} ({rule.where})"
+            item.add_marker(pytest.mark.xfail(reason=f"known nonconformance: {record.xfail_reason}",
+                                              strict=True))
+    state.unmatched_xfails = [f"{r.pattern} ({r.where})" for r in rules if r not in used]
+
+
+# -- fixtures --------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def report(pytestconfig: pytest.Config) -> ReportCollector:
+    """Record metrics (`report.metric(draft, key, value)`) and diagnoses
+    (`report.diagnosis(None, diag)` for the running check) into report.json."""
+    return _state(pytestconfig).collector
+
+
+@pytest.fixture(scope="session")
+def bundle(pytestconfig: pytest.Config) -> Any:
+    """The golden bundle (harness.golden.bundle.Bundle), loaded and verified once."""
+    return _state(pytestconfig).bundle()
+
+
+@pytest.fixture(scope="session")
+def draft_name(request: pytest.FixtureRequest) -> str:
+    """The draft this check runs for; every check using it runs once per selected draft."""
+    param = getattr(request, "param", None)
+    return param if param is not None else _state(request.config).drafts()[0]
+
+
+@pytest.fixture(scope="session")
+def engine_class(pytestconfig: pytest.Config) -> type:
+    """The adapter class --engine names; skips (with the reason) if the engine cannot run here."""
+    state = _state(pytestconfig)
+    state.resolve()
+    if state.engine_problem:
+        pytest.skip(state.engine_problem)
+    assert state.engine_cls is not None
+    return state.engine_cls
+
+
+@pytest.fixture(scope="session")
+def engine(pytestconfig: pytest.Config, engine_class: type, bundle: Any, draft_name: str,
+           report: ReportCollector) -> Any:
+    """The engine serving the bundle's target with this draft: built once per draft, closed
+    when the checks move to the next draft (or at session end)."""
+    from harness.engines.base import EngineOptions, EngineUnavailable
+
+    state = _state(pytestconfig)
+    options = EngineOptions(dtype=state.dtype() or "float32",
+                            device=pytestconfig.getoption("device"),
+                            num_draft_tokens=pytestconfig.getoption("num_draft_tokens"),
+                            training_convention=getattr(bundle.draft(draft_name), "convention", None))
+    try:
+        instance = engine_class(bundle.target_dir, bundle.draft_dir(draft_name), options)
+    except EngineUnavailable as e:
+        state.engine_problem = f"engine {state.engine_name} unavailable: {e}"
+        report.engine_unavailable = state.engine_problem
+        pytest.skip(state.engine_problem)
+    report.engine_constructions[draft_name] = report.engine_constructions.get(draft_name, 0) + 1
+    if report.engine_version is None:
+        try:
+            report.engine_version = str(instance.version())
+        except Exception as e:  # a version string must not cost the run
+            report.engine_version = f"unknown ({type(e).__name__}: {e})"
+    try:
+        yield instance
+    finally:
+        instance.close()
+
+
+# -- outcomes --------------------------------------------------------------------------------
+# Recorded from hooks that carry the item or collector, so the state is the config's own
+# (pytester runs sessions inside a session; a module-level "current" would mix them up).
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Any:
+    collector = _state(item.config).collector
+    record = collector.get(item.nodeid)
+    collector.current = record.id if record else None
+    try:
+        return (yield)
+    finally:
+        collector.current = None
+
+
+def _exception_message(excinfo: pytest.ExceptionInfo[BaseException]) -> str:
+    value = excinfo.value
+    text = str(value).strip()
+    if isinstance(value, (AssertionError, pytest.fail.Exception)) and text:
+        return text
+    return excinfo.exconly().strip()
+
+
+def _skip_reason(rep: pytest.TestReport) -> str:
+    if isinstance(rep.longrepr, tuple) and len(rep.longrepr) == 3:
+        reason = str(rep.longrepr[2]).removeprefix("Skipped: ").strip()
+    else:
+        reason = str(rep.longrepr or "").strip()
+    return reason or "(skipped without a reason: the check must state one)"
+
+
+def _outcome(rep: pytest.TestReport, message: str, listed: str | None) -> tuple[str, str] | None:
+    """(status, message) of one phase; None for a setup or teardown that passed."""
+    xfail_reason = getattr(rep, "wasxfail", None)
+    if rep.passed:
+        if rep.when != "call":
+            return None
+        if xfail_reason is not None:
+            return "xpass", f"passed although marked xfail: {xfail_reason}"
+        return "passed", ""
+    if rep.skipped:
+        if xfail_reason is not None:
+            return "xfail", message or xfail_reason
+        return "skipped", _skip_reason(rep)
+    if rep.when != "call":
+        return "error", f"{rep.when} error: {message or rep.longreprtext.strip()}"
+    if isinstance(rep.longrepr, str) and rep.longrepr.startswith("[XPASS(strict)]"):
+        return "failed", (f"XPASS(strict): this check now passes but is listed as a known "
+                          f"nonconformance ({listed}); the engine was fixed: remove the line")
+    return "failed", message or rep.longreprtext.strip()
+
+
+# tryfirst makes this the outermost wrapper: it sees the report after the xfail handling.
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    rep = yield
+    record = _state(item.config).collector.get(item.nodeid)
+    if record is None:
+        return rep
+    message = ""
+    if call.excinfo is not None:
+        message = _exception_message(call.excinfo)
+        for d in getattr(call.excinfo.value, "diagnoses", None) or ():
+            as_json = record.add_diagnosis(d)
+            # junit.xml carries them too, as <property name="diagnosis">
+            item.user_properties.append(("diagnosis",
+                                         f"{as_json.get('kind')}: {as_json.get('message')}"))
+    record.duration_s += rep.duration
+    outcome = _outcome(rep, message, record.xfail_reason)
+    if outcome is not None:
+        record.settle(*outcome)
+    return rep
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_make_collect_report(collector: pytest.Collector) -> Any:
+    rep = yield
+    if rep.failed and _KEY in collector.config.stash:
+        nodeid = rep.nodeid or "<collection>"
+        record = _state(collector.config).collector.check(check_id(nodeid), nodeid)
+        record.settle("error", f"collection error: {rep.longreprtext.strip()}")
+    return rep
+
+
+# -- session end -----------------------------------------------------------------------------
+
+
+def _bundle_json(state: State) -> dict[str, Any]:
+    if state._bundle is not None:
+        b = state._bundle
+        return {"path": str(Path(b.path).resolve()), "name": b.name, "sha256": b.manifest_sha256()}
+    path = state.bundle_path()
+    manifest = path / "manifest.json"
+    out: dict[str, Any] = {"path": str(path.resolve()), "name": None, "sha256": None}
+    if manifest.is_file():
+        data = manifest.read_bytes()
+        out["sha256"] = hashlib.sha256(data).hexdigest()
+        try:
+            out["name"] = json.loads(data).get("name")
+        except (ValueError, AttributeError):
+            pass
+    return out
+
+
+def _interrupted(session: pytest.Session, exitstatus: int) -> str | None:
+    if session.shouldfail:
+        return str(session.shouldfail)
+    if session.shouldstop:
+        return str(session.shouldstop)
+    if exitstatus == pytest.ExitCode.INTERRUPTED and not session.testsfailed:
+        return "interrupted"
+    return None
+
+
+@pytest.hookimpl(trylast=True)  # after junitxml has written its file
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    state = _state(session.config)
+    partial = state.junit_tmp
+    bad_input = exitstatus in (pytest.ExitCode.USAGE_ERROR, pytest.ExitCode.INTERNAL_ERROR)
+    if bad_input or not (state.conformance_run or state.report_dir):
+        if partial is not None:
+            partial.unlink(missing_ok=True)
+        return
+    cls = state.engine_cls
+    engine = {"name": state.engine_name, "version": state.collector.engine_version,
+              "class": engine_path(cls) if cls else None,
+              "capabilities": sorted(getattr(c, "value", str(c))
+                                     for c in getattr(cls, "capabilities", ())),
+              "convention": getattr(cls, "convention", None),
+              "constructions": dict(state.collector.engine_constructions)}
+    drafts = state.drafts() if state._bundle is not None else list(state.option("draft") or [])
+    extra = {"hypothesis_profile": hypothesis_settings.get_current_profile_name(),
+             "xfails": {"file": str(state.xfails_path) if state.xfails_path else None,
+                        "unmatched": state.unmatched_xfails},
+             "options": {"device": state.option("device"),
+                         "num_draft_tokens": state.option("num_draft_tokens")}}
+    state.report = state.collector.build(
+        engine=engine, bundle=_bundle_json(state), drafts=drafts, dtype=state.dtype(),
+        started=state.started, finished=time.time(), interrupted=_interrupted(session, exitstatus),
+        extra=extra)
+    if state.report_dir is not None:
+        if partial is not None and partial.is_file():
+            os.replace(partial, state.report_dir / "junit.xml")
+        write_reports(state.report, state.report_dir)
+
+
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    state = config.stash.get(_KEY, None)
+    if state is None or state.report is None:
+        return
+    r = state.report
+    terminalreporter.write_sep("=", "eagle3-conformance")
+    terminalreporter.write_line(
+        f"engine {r['engine']['name']} ({r['engine'].get('version') or 'version unknown'}), "
+        f"bundle {r['bundle'].get('name')}, drafts {', '.join(r['drafts']) or '-'}, "
+        f"dtype {r['dtype']}")
+    if r["xfails"]["unmatched"]:
+        terminalreporter.write_line(f"xfails lines that matched no check: "
+                                    f"{'; '.join(r['xfails']['unmatched'])}")
+    terminalreporter.write_line(verdict_line(r, state.report_dir))

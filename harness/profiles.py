@@ -1,0 +1,43 @@
+"""Hypothesis profiles for the suite, registered on import.
+
+Engine calls take hundreds of milliseconds, so every profile drops the per-example deadline
+(a slow engine is not a nonconformant one) and bounds the example count: `dev` for a quick
+local loop, `ci` reproducible (derandomized, failing examples printed as blobs to replay),
+`nightly` to search harder. The default is `ci` under CI, else `dev`; HYPOTHESIS_PROFILE and
+then `--hypothesis-profile` override it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+from hypothesis import HealthCheck, settings
+
+PROFILES = ("dev", "ci", "nightly")
+_SLOW_IS_FINE = [HealthCheck.too_slow]
+
+settings.register_profile("dev", max_examples=5, deadline=None,
+                          suppress_health_check=_SLOW_IS_FINE)
+settings.register_profile("ci", max_examples=10, derandomize=True, deadline=None, print_blob=True,
+                          database=None, suppress_health_check=_SLOW_IS_FINE)
+settings.register_profile("nightly", max_examples=200, deadline=None, print_blob=True,
+                          suppress_health_check=_SLOW_IS_FINE)
+
+
+def _truthy(value: str | None) -> bool:
+    return bool(value) and value.strip().lower() not in ("0", "false", "no", "off")
+
+
+def default_profile(environ: Mapping[str, str] = os.environ) -> str:
+    """HYPOTHESIS_PROFILE if it names a profile, else `ci` when CI is set, else `dev`."""
+    named = environ.get("HYPOTHESIS_PROFILE", "").strip()
+    if named:
+        return named
+    return "ci" if _truthy(environ.get("CI")) else "dev"
+
+
+def load_default_profile(environ: Mapping[str, str] = os.environ) -> str:
+    name = default_profile(environ)
+    settings.load_profile(name)
+    return name

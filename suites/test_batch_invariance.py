@@ -1,0 +1,58 @@
+"""Batch invariance: a prompt's features and greedy output do not depend on its batch
+companions, padding, order, batch size (1..8) or ragged lengths. Engines that pad or pack
+sequences wrongly leak neighbours into the aux states."""
+
+from __future__ import annotations
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from harness.assertions import ConformanceFailure, divergence, require, worst_tokens
+from harness.diagnose import rtol_for
+from harness.engines.base import Capability, Engine
+from harness.golden.oracle import Oracle
+from harness.strategies import BatchShape, batch_shapes
+
+
+def _batch(oracle: Oracle, shape: BatchShape, probe: list[int]) -> list[list[int]]:
+    pinned = oracle.pinned_prompts
+    companions = [pinned[(i * 7 + 3) % len(pinned)][-n:] or [3] for i, n in enumerate(shape.companion_lengths)]
+    return companions[: shape.position] + [probe] + companions[shape.position:]
+
+
+SETTINGS = settings(suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+
+
+@SETTINGS
+@given(shape=batch_shapes(), data=st.data())
+def test_capture_batch_invariant(engine: Engine, oracle: Oracle, draft_name: str,
+                                 shape: BatchShape, data: st.DataObject) -> None:
+    require(engine, Capability.CAPTURE)
+    probe = data.draw(st.sampled_from(oracle.pinned_prompts), label="probe")
+    alone = engine.capture([probe]).features[0]
+    batch = _batch(oracle, shape, probe)
+    inside = engine.capture(batch).features[shape.position]
+    rtol = rtol_for(engine.options.dtype)
+    bad, total, worst = worst_tokens([inside], [alone], rtol)
+    if inside.shape != alone.shape or bad:
+        raise ConformanceFailure(
+            f"probe prompt {probe} gets different draft features at batch position "
+            f"{shape.position} of {shape.size} (companion lengths {list(shape.companion_lengths)}): "
+            f"{bad}/{total} tokens off, worst relative error {worst:.3g} (tolerance {rtol:g}); "
+            f"the engine's padding/packing leaks into the aux states")
+
+
+@SETTINGS
+@given(shape=batch_shapes(), data=st.data())
+def test_generation_batch_invariant(engine: Engine, oracle: Oracle, draft_name: str,
+                                    shape: BatchShape, data: st.DataObject, generate) -> None:
+    require(engine, Capability.GENERATE)
+    probe = data.draw(st.sampled_from(oracle.pinned_prompts), label="probe")
+    alone = generate(engine, [probe], 16, True).tokens[0]
+    inside = generate(engine, _batch(oracle, shape, probe), 16, True).tokens[shape.position]
+    _, failure = divergence(oracle, probe, inside, alone, engine.options.dtype)
+    if failure:
+        raise ConformanceFailure(
+            f"greedy speculative output of a prompt changes with its batch (position "
+            f"{shape.position} of {shape.size}, companion lengths {list(shape.companion_lengths)}): "
+            f"{failure}")

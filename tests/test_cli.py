@@ -1,0 +1,143 @@
+"""The CLI's error paths: bad input exits 2 with one line on stderr and no traceback, before
+pytest starts; and the run command's verdict line and exit code."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from harness import cli, report
+
+
+def _one_line_error(capsys: pytest.CaptureFixture[str]) -> str:
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("error: ") and "Traceback" not in err
+    return lines[0]
+
+
+@pytest.mark.parametrize("argv, needle", [
+    ([], "required: COMMAND"),
+    (["run", "--engine", "nope"], "unknown engine 'nope'"),
+    (["run", "--engine", "zoo:no_such_mutant"], "no bug-zoo mutant"),
+    (["run", "--engine", "vendor_pkg_missing.mod:Engine"], "cannot import vendor_pkg_missing.mod"),
+    (["run", "--dtype", "int8"], "invalid choice: 'int8'"),
+    (["run", "--num-draft-tokens", "four"], "invalid int value"),
+    (["selftest"], "--report-dir"),
+    (["golden", "build"], "--out"),
+    (["golden", "verify"], "path"),
+    (["conformance-table", "missing.json"], "missing.json does not exist"),
+    (["golden", "verify", "x", "--", "-q"], "only for run and selftest"),
+])
+def test_bad_input_is_one_line_exit_2(argv: list[str], needle: str,
+                                      capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(argv) == 2
+    assert needle in _one_line_error(capsys)
+
+
+def test_missing_bundle_dir(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["run", "--bundle", str(tmp_path / "nowhere"),
+                     "--report-dir", str(tmp_path / "out")]) == 2
+    line = _one_line_error(capsys)
+    assert str(tmp_path / "nowhere") in line and ";" in line
+    assert not (tmp_path / "out" / "report.json").exists()
+
+
+@pytest.mark.parametrize("manifest", [None, "{not json", '{"format_version": 99}'])
+def test_malformed_bundle(tmp_path: Path, manifest: str | None,
+                          capsys: pytest.CaptureFixture[str]) -> None:
+    bundle = tmp_path / "bundle"
+    bundle.mkdir()
+    if manifest is not None:
+        (bundle / "manifest.json").write_text(manifest)
+    assert cli.main(["run", "--bundle", str(bundle)]) == 2
+    assert str(bundle) in _one_line_error(capsys)
+    assert cli.main(["golden", "verify", str(bundle)]) == 2
+    _one_line_error(capsys)
+
+
+def test_unwritable_report_dir(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                               monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(cli, "_check_bundle", lambda path, drafts: None)
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    assert cli.main(["run", "--report-dir", str(blocker / "sub")]) == 2
+    assert "cannot use report dir" in _one_line_error(capsys)
+
+
+def test_unexpected_error_is_one_line_exit_3(monkeypatch: pytest.MonkeyPatch,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    def boom(args, extra):
+        raise RuntimeError("kaput\nsecond line")
+
+    monkeypatch.setattr(cli, "cmd_table", boom)
+    monkeypatch.delenv(cli.DEBUG_ENV, raising=False)
+    assert cli.main(["conformance-table", "x.json"]) == 3
+    assert "unexpected RuntimeError: kaput;" in _one_line_error(capsys)
+
+
+def test_conformance_table_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    collector = report.ReportCollector()
+    collector.check("t.py::c[d]", "t.py::c[d]", "d", True).settle("passed", "")
+    data = collector.build(engine={"name": "reference", "version": "v"}, bundle={}, drafts=["d"],
+                           dtype="float32", started=0.0, finished=1.0)
+    src = tmp_path / "report.json"
+    src.write_text(json.dumps(data))
+    out = tmp_path / "docs" / "CONFORMANCE.md"
+    assert cli.main(["conformance-table", str(src), "--out", str(out)]) == 0
+    assert out.read_text() == report.render_conformance_table([src])
+    garbage = tmp_path / "garbage.json"
+    garbage.write_text("{")
+    capsys.readouterr()
+    assert cli.main(["conformance-table", str(garbage)]) == 2
+    assert "cannot read the reports" in _one_line_error(capsys)
+
+
+def test_process_exit_code_and_no_traceback(tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, "-m", "harness.cli", "run", "--engine", "nope"],
+                          capture_output=True, text=True, cwd=tmp_path, check=False)
+    assert proc.returncode == 2
+    assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
+
+
+def test_run_prints_the_verdict_line(tmp_path: Path) -> None:
+    """The run command end to end on a throwaway suite (no engine: the verdict can only be
+    nonconformant, exit 1). Runs in a child process: pytest.main inside this session's
+    capture would fight it."""
+    suites = tmp_path / "suites"
+    suites.mkdir()
+    (suites / "test_tiny.py").write_text(textwrap.dedent("""
+        import pytest
+
+        def test_records(report):
+            report.metric("d", "acceptance_length", 1.5)
+
+        def test_skips(report):
+            pytest.skip("not applicable here")
+    """))
+    (tmp_path / "no-xfails.txt").write_text("")
+    script = textwrap.dedent(f"""
+        import sys
+        from pathlib import Path
+        import harness.cli as cli
+        import harness.paths as paths
+        paths.suites_path = lambda: Path({str(suites)!r})
+        cli._check_bundle = lambda path, drafts: None
+        sys.exit(cli.main(["run", "--report-dir", {str(tmp_path / "out")!r},
+                           "--xfails", {str(tmp_path / "no-xfails.txt")!r}, "--", "-q",
+                           "-p", "no:cacheprovider", "--rootdir", {str(tmp_path)!r}]))
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          cwd=tmp_path, check=False)
+    last = proc.stdout.strip().splitlines()[-1]
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert last.startswith("verdict: nonconformant (1 passed, 0 failed, 1 skipped)")
+    assert last.endswith(f"report: {tmp_path / 'out' / 'report.md'}")
+    for name in report.REPORT_FILES:
+        assert (tmp_path / "out" / name).is_file()

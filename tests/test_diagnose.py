@@ -1,0 +1,215 @@
+"""Diagnosis against real target features: each bug class is synthesized the way an engine
+would commit it (wrong boundary, wrong order, normed or residual-less state, skipped capture)
+and must come back with its name and the right fix."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from harness.diagnose import (
+    Diagnosis,
+    d2t_absolute_diagnosis,
+    diagnose_capture,
+    draft_kv_not_rolled_back_diagnosis,
+    fc_diagnosis,
+    fc_on_recurrent_state_diagnosis,
+    fc_output_is_raw_input,
+    fc_skipped_diagnosis,
+    rtol_for,
+)
+from harness.golden.features import TargetFeatures, aux_features, target_features
+from harness.models.target import build_target, target_config_dict
+
+N = 8
+SPECFORGE = [2, 4, 5]  # SpecForge default ids [1, 3, 4]
+EMBED_FIRST = [0, 4, 6]  # "-1 = embedding" ids [-1, 3, 5]
+WITH_FINAL = [0, 4, N]
+
+
+@pytest.fixture(scope="module")
+def golden() -> list[TargetFeatures]:
+    model = build_target(target_config_dict(num_layers=N), seed=0)
+    return [target_features(model, p) for p in ([5, 9, 17, 33, 2, 71, 8, 8, 40, 11], [3, 100, 7, 6])]
+
+
+def _engine(golden, slots) -> list[torch.Tensor]:
+    """Engine features whose slot s holds `slots[s]`: a boundary int, or a callable of the
+    golden features of the prompt."""
+    out = []
+    for g in golden:
+        chunks = [g.boundaries[s] if isinstance(s, int) else s(g) for s in slots]
+        out.append(torch.cat(chunks, dim=-1))
+    return out
+
+
+def test_correct_capture_is_ok(golden):
+    features = [aux_features(g, SPECFORGE) for g in golden]
+    d = diagnose_capture(features, golden, SPECFORGE, engine_convention="vllm", config_ids=[1, 3, 4])
+    assert d.kind == "ok" and d.suggested_layer_ids is None
+    assert d.engine_boundaries == SPECFORGE
+    assert "sglang" in d.consistent_conventions and "specforge" in d.consistent_conventions
+
+
+def test_bf16_rounding_of_a_correct_capture_is_ok(golden):
+    features = [aux_features(g, EMBED_FIRST).bfloat16().float() for g in golden]
+    d = diagnose_capture(features, golden, EMBED_FIRST, rtol=rtol_for(torch.bfloat16))
+    assert d.kind == "ok"
+    assert all(s.cosine > 0.999 for s in d.slots)
+
+
+@pytest.mark.parametrize("shift,convention,ids", [(+1, "vllm", [2, 4, 5]), (-1, "sglang", [1, 3, 4])])
+def test_offset(golden, shift, convention, ids):
+    features = _engine(golden, [b + shift for b in SPECFORGE])
+    d = diagnose_capture(features, golden, SPECFORGE, engine_convention=convention)
+    assert d.kind == "offset" and d.offset == shift
+    assert d.suggested_layer_ids == ids
+    assert f"offset {shift:+d}" in d.message and f"Set eagle_aux_hidden_state_layer_ids to {ids}" in d.message
+
+
+def test_offset_names_the_convention_the_engine_behaved_like(golden):
+    # a SpecForge draft (ids [1, 3, 4]) served by an engine that reads ids as b = id
+    features = _engine(golden, [1, 3, 4])
+    d = diagnose_capture(features, golden, SPECFORGE, engine_convention="vllm", config_ids=[1, 3, 4])
+    assert d.kind == "offset" and d.offset == -1
+    assert "vllm" in d.consistent_conventions and "llamacpp" in d.consistent_conventions
+
+
+def test_embedding_missing_vllm_cannot_fix(golden):
+    # the motivating case in miniature: training cat(embedding, 3, 5), engine cat(3, 5, 7)
+    train = [0, 3, 5]
+    d = diagnose_capture(_engine(golden, [3, 5, 7]), golden, train, engine_convention="vllm")
+    assert d.kind == "embedding_missing"
+    assert d.engine_boundaries == [3, 5, 7]
+    assert d.suggested_layer_ids is None
+    assert d.message.startswith("slot 0 is boundary 3 (input of layer 3), training used boundary 0 "
+                                "(the embedding); root cause: embedding missing")
+    assert "vllm cannot capture boundary 0" in d.message and "no id list fixes this" in d.message
+
+
+def test_embedding_missing_fixable_where_the_engine_captures_it(golden):
+    d = diagnose_capture(_engine(golden, [4, 6, 7]), golden, EMBED_FIRST, engine_convention="vllm-llama")
+    assert d.kind == "embedding_missing"
+    assert d.suggested_layer_ids == [0, 4, 6]
+
+
+def test_embedding_missing_as_zero_slot(golden):
+    features = _engine(golden, [lambda g: torch.zeros_like(g.boundaries[0]), 4, 6])
+    d = diagnose_capture(features, golden, EMBED_FIRST)
+    assert d.kind == "embedding_missing" and d.engine_boundaries[0] == "zero"
+    assert d.suggested_layer_ids is None and "Name the engine's convention" in d.message
+
+
+def test_order_permuted(golden):
+    features = _engine(golden, [4, 2, 5])
+    d = diagnose_capture(features, golden, SPECFORGE, engine_convention="specforge")
+    assert d.kind == "order_permuted" and d.suggested_layer_ids == [1, 3, 4]
+
+
+def test_order_permuted_by_a_sorting_engine_has_no_id_fix(golden):
+    train = [5, 2, 4]  # SpecForge ids [4, 1, 3], list order kept in training
+    d = diagnose_capture(_engine(golden, [2, 4, 5]), golden, train, engine_convention="sglang")
+    assert d.kind == "order_permuted" and d.suggested_layer_ids is None
+    assert "ascending" in d.message and "permute the draft's fc input columns" in d.message
+
+
+def test_final_boundary_normed(golden):
+    features = _engine(golden, [0, 4, lambda g: g.final_normed])
+    d = diagnose_capture(features, golden, WITH_FINAL, engine_convention="vllm-llama")
+    assert d.kind == "final_boundary_normed"
+    assert d.engine_boundaries == [0, 4, "final_normed"]
+    assert d.suggested_layer_ids is None and "engine bug" in d.message
+
+
+def test_final_boundary_missing_fewer_slots(golden):
+    # SGLang: boundary N is never captured, so only two slots arrive
+    d = diagnose_capture(_engine(golden, [2, 4]), golden, [2, 4, N], engine_convention="sglang")
+    assert d.kind == "final_boundary_missing"
+    assert d.suggested_layer_ids is None and "sglang cannot capture boundary 8" in d.message
+    assert "handed 2 slots, training used 3 (boundaries [8] never arrived)" in d.message
+
+
+def test_final_boundary_missing_zero_slot(golden):
+    features = _engine(golden, [0, 4, lambda g: torch.zeros_like(g.boundaries[0])])
+    d = diagnose_capture(features, golden, WITH_FINAL, engine_convention="vllm-llama")
+    assert d.kind == "final_boundary_missing" and d.suggested_layer_ids == [0, 4, N]
+
+
+def test_residual_missing(golden):
+    features = _engine(golden, [2, lambda g: g.mlp_out[4], 5])
+    d = diagnose_capture(features, golden, SPECFORGE)
+    assert d.kind == "residual_missing" and d.engine_boundaries[1] == "mlp_out[4]"
+    assert "without adding the residual" in d.message
+
+
+def test_stale_or_skipped_some_positions(golden):
+    def half_zero(g: TargetFeatures) -> torch.Tensor:
+        x = g.boundaries[5].clone()
+        x[x.shape[0] // 2:] = 0
+        return x
+
+    d = diagnose_capture(_engine(golden, [2, 4, half_zero]), golden, SPECFORGE)
+    assert d.kind == "stale_or_skipped"
+    assert 0 < d.slots[2].expected_fraction < 1 and d.slots[2].zero_fraction > 0
+
+
+def test_stale_values_from_another_prompt(golden):
+    # a static buffer not rewritten for the second prompt keeps the first prompt's values
+    stale = golden[0].boundaries[4]
+    features = [aux_features(golden[0], SPECFORGE),
+                torch.cat([golden[1].boundaries[2], stale[:golden[1].boundaries.shape[1]],
+                           golden[1].boundaries[5]], dim=-1)]
+    d = diagnose_capture(features, golden, SPECFORGE)
+    assert d.kind == "stale_or_skipped" and d.slots[1].expected_fraction < 1
+
+
+def test_skipped_layer_leaves_a_zero_slot(golden):
+    features = _engine(golden, [2, lambda g: torch.zeros_like(g.boundaries[0]), 5])
+    d = diagnose_capture(features, golden, SPECFORGE, engine_convention="sglang")
+    assert d.kind == "stale_or_skipped" and d.suggested_layer_ids is None
+
+
+def test_skipped_layers_arrive_as_fewer_slots(golden):
+    d = diagnose_capture(_engine(golden, [2, 5]), golden, SPECFORGE, engine_convention="sglang")
+    assert d.kind == "stale_or_skipped" and "boundaries [4] never arrived" in d.message
+
+
+def test_unknown_and_json(golden):
+    noise = torch.Generator().manual_seed(0)
+    features = _engine(golden, [2, lambda g: torch.randn(g.boundaries[0].shape, generator=noise), 5])
+    d = diagnose_capture(features, golden, SPECFORGE)
+    assert d.kind == "unknown" and d.engine_boundaries[1] is None
+    blob = json.loads(json.dumps(d.to_json()))
+    assert {"kind", "message", "engine_boundaries", "training_boundaries",
+            "suggested_layer_ids"} <= set(blob)
+
+
+def test_bad_inputs(golden):
+    with pytest.raises(ValueError, match="multiple of the target hidden size"):
+        diagnose_capture([torch.zeros(10, 100), torch.zeros(4, 100)], golden, SPECFORGE)
+    with pytest.raises(ValueError, match="one of each per prompt"):
+        diagnose_capture([aux_features(golden[0], SPECFORGE)], golden, SPECFORGE)
+    with pytest.raises(ValueError, match="golden tokens"):
+        diagnose_capture([aux_features(g, SPECFORGE)[:3] for g in golden], golden, SPECFORGE)
+    with pytest.raises(ValueError, match="no tolerance"):
+        rtol_for("int8")
+    with pytest.raises(ValueError, match="unknown diagnosis kind"):
+        Diagnosis(kind="weird", message="", engine_boundaries=[], training_boundaries=[],
+                  suggested_layer_ids=None)
+
+
+def test_fc_level_constructors(golden):
+    aux = aux_features(golden[0], [4])
+    assert fc_output_is_raw_input(aux.clone(), aux, 1e-3) == 0
+    assert fc_output_is_raw_input(torch.randn_like(aux), aux, 1e-3) is None
+    for build, kind in [(fc_skipped_diagnosis, "fc_skipped"),
+                        (fc_on_recurrent_state_diagnosis, "fc_on_recurrent_state"),
+                        (d2t_absolute_diagnosis, "d2t_absolute"),
+                        (draft_kv_not_rolled_back_diagnosis, "draft_kv_not_rolled_back")]:
+        d = build("fc output equals slot 0", slot=0)
+        assert d.kind == kind and d.message.startswith("fc output equals slot 0; root cause:")
+        assert d.details == {"slot": 0} and json.dumps(d.to_json())
+    with pytest.raises(ValueError, match="unknown fc-level kind"):
+        fc_diagnosis("offset")

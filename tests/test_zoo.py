@@ -1,0 +1,160 @@
+"""The bug zoo is a fair exam: every mutant is registered the way `selftest` reads it, changes
+exactly one wiring hook, cites the public report of its bug, and really changes what the
+draft sees or proposes on the committed bundle (a silent no-op mutant would make the mutation
+score meaningless). Its speculative output stays lossless: these bugs are silent in the
+tokens, which is why the suite exists. No suite runs here; `eagle3-conformance selftest`
+does that."""
+
+from __future__ import annotations
+
+import inspect
+import re
+from functools import cache
+from typing import Any
+
+import pytest
+import torch
+
+from harness.diagnose import KINDS
+from harness.engines.base import EngineOptions
+from harness.engines.reference import ReferenceEngine
+from harness.engines.speculative import Eagle3Runtime
+from harness.engines.zoo import MUTANTS, Mutant
+from harness.golden.bundle import BundleError, load_bundle
+from harness.paths import default_bundle_path
+from harness.registry import known_names, resolve_engine
+
+HOOKS = ("capture_boundaries", "take_state", "combine", "project", "draft_step_hidden",
+         "map_draft_ids", "rollback", "layer_is_moe")
+# "owner/repo#123", "PR #123", "issue #123": a reference someone can open.
+ISSUE = re.compile(r"([\w.-]+/[\w.-]+#\d+|PR #\d+)")
+NEW_TOKENS = 24
+NUM_PROMPTS = 3
+
+
+@pytest.mark.parametrize("key", sorted(MUTANTS))
+def test_mutant_is_registered_for_selftest(key: str) -> None:
+    cls = MUTANTS[key]
+    assert resolve_engine(f"zoo:{key}") is cls and f"zoo:{key}" in known_names()
+    assert issubclass(cls, ReferenceEngine) and not inspect.isabstract(cls)
+    assert cls.name == f"zoo:{key}", "name is what --engine takes, so reproducers work"
+    assert cls.bug_class.strip() and cls.expected_diagnosis_kind in KINDS
+    assert cls.expected_diagnosis_kind != "ok"
+    assert ISSUE.search(cls.__doc__ or ""), f"{key}: the docstring must cite the public issue"
+    assert ISSUE.search(cls.issue)
+
+
+@pytest.mark.parametrize("key", sorted(MUTANTS))
+def test_mutant_overrides_exactly_its_one_hook(key: str) -> None:
+    cls = MUTANTS[key]
+    own = {h for h in HOOKS if h in vars(cls)}
+    assert own == {cls.hook}, f"{key} overrides {sorted(own)}, declares {cls.hook!r}"
+    assert getattr(cls, cls.hook) is not getattr(Eagle3Runtime, cls.hook)
+    assert not ({h for h in HOOKS if h in vars(Mutant)}), "the shared base must stay bug-free"
+
+
+def test_mutant_names_are_unique_and_enough() -> None:
+    assert len(MUTANTS) >= 12
+    assert len({c.name for c in MUTANTS.values()}) == len(MUTANTS)
+    assert len({c.bug_class for c in MUTANTS.values()}) == len(MUTANTS)
+
+
+# -- on the committed bundle ------------------------------------------------------------------
+
+
+@cache
+def _bundle() -> Any:
+    try:
+        return load_bundle(default_bundle_path(), verify_hashes=False)
+    except BundleError as e:
+        pytest.skip(f"committed bundle unavailable: {e}")
+
+
+def _engine(cls: type[ReferenceEngine], draft: str) -> ReferenceEngine:
+    b = _bundle()
+    spec = b.draft(draft)
+    return cls(b.target_dir, b.draft_dir(draft),
+               EngineOptions(num_draft_tokens=spec.num_draft_tokens,
+                             training_convention=spec.convention))
+
+
+def _prompts() -> list[list[int]]:
+    """The longest pinned prompts: most tokens to capture, most rounds to draft."""
+    return sorted(_bundle().prompts(), key=len)[-NUM_PROMPTS:]
+
+
+class _Observed:
+    """One engine on one draft, computed lazily: capture first (cheap), generation only when
+    the capture shows nothing. A mutant may crash where the real engine crashes; that is kept
+    as the observation."""
+
+    def __init__(self, cls: type[ReferenceEngine], draft: str) -> None:
+        self.cls, self.draft = cls, draft
+        self.error: str | None = None
+        self._capture: Any = None
+        self._generation: Any = None
+
+    def _run(self, what: str) -> Any:
+        engine = _engine(self.cls, self.draft)
+        try:
+            if what == "capture":
+                return engine.capture(_prompts())
+            return engine.generate(_prompts(), NEW_TOKENS, speculative=True)
+        except RuntimeError as e:
+            self.error = str(e).splitlines()[0][:120]
+            return None
+        finally:
+            engine.close()
+
+    @property
+    def capture(self) -> Any:
+        if self._capture is None and self.error is None:
+            self._capture = self._run("capture")
+        return self._capture
+
+    @property
+    def generation(self) -> Any:
+        if self._generation is None and self.error is None:
+            self._generation = self._run("generate")
+        return self._generation
+
+
+@cache
+def _observed(cls: type[ReferenceEngine], draft: str) -> _Observed:
+    return _Observed(cls, draft)
+
+
+def _same(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
+    return all(x.shape == y.shape and torch.allclose(x, y, rtol=1e-4, atol=1e-5)
+               for x, y in zip(a, b, strict=True))
+
+
+def _capture_differs(key: str, draft: str) -> bool:
+    ref, got = _observed(ReferenceEngine, draft), _observed(MUTANTS[key], draft)
+    if got.capture is None:
+        return False  # crashed: nothing the suite could diagnose from
+    return not (_same(got.capture.features, ref.capture.features)
+                and _same(got.capture.fc_out, ref.capture.fc_out))
+
+
+def _proposals_differ(key: str, draft: str) -> bool:
+    ref, got = _observed(ReferenceEngine, draft), _observed(MUTANTS[key], draft)
+    if got.generation is None:
+        return False
+    assert got.generation.tokens == ref.generation.tokens, \
+        f"{key} on {draft}: speculative output differs from the reference's: not lossless"
+    return got.generation.proposed != ref.generation.proposed
+
+
+@pytest.mark.parametrize("key", sorted(MUTANTS))
+def test_mutant_changes_what_the_draft_sees_or_proposes(key: str) -> None:
+    """Some bundle draft exposes the bug in the captured features or fc output (checked on
+    every draft first: cheap) or else in the drafted tokens, with the reference as the
+    control on the same prompts."""
+    drafts = _bundle().draft_names
+    if any(_capture_differs(key, d) for d in drafts):
+        return
+    if any(_proposals_differ(key, d) for d in drafts):
+        return
+    errors = {d: _observed(MUTANTS[key], d).error for d in drafts}
+    pytest.fail(f"{key} is a silent no-op on every bundle draft {drafts} (errors: {errors})")
