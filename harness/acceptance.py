@@ -15,6 +15,7 @@ from harness.diagnose import (
     diagnose_capture,
     fc_diagnosis,
     fc_output_is_raw_input,
+    outlier_budget_for,
     rtol_for,
 )
 from harness.engines.base import Acceptance, Capability, Engine, Generation
@@ -58,7 +59,8 @@ def explain_shortfall(engine: Engine, oracle: Oracle, draft: str, generation: Ge
     if capture is not None:
         diag = diagnose_capture(capture.features, [oracle.features(p) for p in prompts],
                                 spec.boundaries, engine_convention=engine.convention,
-                                config_ids=spec.layer_ids, rtol=rtol)
+                                config_ids=spec.layer_ids, rtol=rtol,
+                                outlier_budget=outlier_budget_for(dtype))
         if diag.kind != "ok":
             return diag
     draft_model = oracle.draft(draft)

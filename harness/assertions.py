@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import pytest
 import torch
 
-from harness.diagnose import Diagnosis, diagnose_capture, rtol_for
+from harness.diagnose import Diagnosis, diagnose_capture, outlier_budget_for, rtol_for
 from harness.engines.base import Capability, Engine
 from harness.golden.features import TargetFeatures
 from harness.report import ConformanceFailure
@@ -27,11 +27,13 @@ def require(engine: Engine, capability: Capability) -> None:
 
 
 def tolerance_text(dtype: str) -> str:
-    rtol = rtol_for(dtype)
-    why = ("fp32 engines must match the fp32 training reference up to summation order"
-           if dtype == "float32" else
-           f"{dtype} rounding through {{layers}} layers and MoE routing near ties")
-    return f"per-token relative L2 error <= {rtol:g} ({why})"
+    rtol, budget = rtol_for(dtype), outlier_budget_for(dtype)
+    if dtype == "float32":
+        return (f"per-token relative L2 error <= {rtol:g} on every token (fp32 engines match the "
+                f"fp32 training reference up to summation order)")
+    return (f"per-token relative L2 error <= {rtol:g}, up to {budget:.0%} of tokens per slot "
+            f"beyond it, whole-slot error <= {rtol:g} ({dtype} rounding through {{layers}} layers "
+            f"flips MoE routing near ties at a few tokens)")
 
 
 def reproducer(engine_name: str, draft: str, prompts: Sequence[Sequence[int]], check: str) -> str:
@@ -65,7 +67,7 @@ def assert_capture_matches(*, features: Sequence[torch.Tensor], golden: Sequence
     widths = {int(x.shape[-1]) for x in features}
     rtol = rtol_for(dtype)
     diag = diagnose_capture(features, golden, training_boundaries, engine_convention=engine_convention,
-                            config_ids=config_ids, rtol=rtol)
+                            config_ids=config_ids, rtol=rtol, outlier_budget=outlier_budget_for(dtype))
     if widths != {expected_width}:
         raise ConformanceFailure(
             f"the engine handed the draft {sorted(widths)}-wide features, training fed fc "
@@ -73,7 +75,7 @@ def assert_capture_matches(*, features: Sequence[torch.Tensor], golden: Sequence
             f"{diag.message}\n{reproducer(engine_name, draft, prompts, check)}", [diag])
     ref = [torch.cat([g.boundaries[b] for b in training_boundaries], -1) for g in golden]
     bad, total, worst = worst_tokens(features, ref, rtol)
-    if bad:
+    if bad and diag.kind != "ok" or bad > outlier_budget_for(dtype) * total:
         tol = tolerance_text(dtype).format(layers=golden[0].num_layers)
         raise ConformanceFailure(
             f"aux features differ from training on {bad}/{total} tokens (worst relative error "

@@ -96,7 +96,9 @@ def _default_bundle() -> Path:
 
 def _pytest_args(a: argparse.Namespace, bundle: Path, report_dir: Path,
                  extra: Sequence[str]) -> list[str]:
-    args = [str(_suites()), "--engine", a.engine, "--bundle", str(bundle),
+    # Validating the engine imported it (and its plugins' modules) before pytest could mark
+    # them for assertion rewriting; pytest's warning about that is noise here.
+    args = [str(_suites()), "-W", "ignore::pytest.PytestAssertRewriteWarning", "--engine", a.engine, "--bundle", str(bundle),
             "--report-dir", str(report_dir), "--device", a.device,
             "--num-draft-tokens", str(a.num_draft_tokens)]
     for d in a.draft or ():

@@ -46,6 +46,16 @@ FINAL_NORMED = "final_normed"
 ZERO = "zero"
 
 
+# Share of tokens per slot allowed beyond rtol in reduced precision: bf16 rounding flips MoE
+# routing near ties at a few tokens (seen on an H200: 4-5 of 265 tokens, relative error up to
+# 0.4), while a real wiring bug moves whole slots or whole positions. fp32 allows none.
+OUTLIER_BUDGET = {"float32": 0.0, "float16": 0.03, "bfloat16": 0.03}
+
+
+def outlier_budget_for(dtype: str | torch.dtype) -> float:
+    return OUTLIER_BUDGET.get(str(dtype).removeprefix("torch."), 0.0)
+
+
 def rtol_for(dtype: str | torch.dtype) -> float:
     name = str(dtype).removeprefix("torch.")
     try:
@@ -77,10 +87,11 @@ class SlotMatch:
     cosine: float  # whole-slot cosine against the expected boundary
     telling_hits: int = 0  # tokens matching the expected boundary where it is not ~zero
     token_labels: Counter[Label] = field(default_factory=Counter, repr=False)
+    tolerated: bool = False  # within the dtype's outlier budget (see OUTLIER_BUDGET)
 
     @property
     def exact(self) -> bool:
-        return self.expected is not None and self.expected_fraction == 1.0
+        return self.expected is not None and (self.expected_fraction == 1.0 or self.tolerated)
 
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
@@ -298,6 +309,7 @@ def diagnose_capture(
     engine_convention: str | None = None,
     config_ids: Sequence[int] | None = None,
     rtol: float = RTOL["float32"],
+    outlier_budget: float = 0.0,
 ) -> Diagnosis:
     """Name the root cause of an aux-feature mismatch.
 
@@ -310,6 +322,9 @@ def diagnose_capture(
     n = golden[0].num_layers
     train = [int(b) for b in training_boundaries]
     slots = fingerprint(features, golden, train, rtol)
+    for s in slots:
+        s.tolerated = (outlier_budget > 0 and s.expected is not None
+                       and s.expected_fraction >= 1 - outlier_budget and s.rel_error <= rtol)
     found: list[Label] = [s.found for s in slots]
     kind, offset, at = _classify(slots, train, n)
     consistent = _consistent(config_ids, found, n)
@@ -334,7 +349,8 @@ def diagnose_capture(
     return Diagnosis(kind=kind, message=message, engine_boundaries=found, training_boundaries=train,
                      suggested_layer_ids=suggested, slots=slots, engine_convention=conv_name,
                      consistent_conventions=consistent, num_layers=n, offset=offset,
-                     details={"rtol": rtol, "num_prompts": len(features),
+                     details={"rtol": rtol, "outlier_budget": outlier_budget,
+                              "num_prompts": len(features),
                               "engine_slots": len(slots), "training_slots": len(train)})
 
 

@@ -483,7 +483,17 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if state.report_dir is not None:
         if partial is not None and partial.is_file():
             os.replace(partial, state.report_dir / "junit.xml")
+            _point_junit_summary_at(session.config, state.report_dir / "junit.xml")
         write_reports(state.report, state.report_dir)
+
+
+def _point_junit_summary_at(config: pytest.Config, path: Path) -> None:
+    """junitxml prints "generated xml file: <path>" after this; make it name the final file."""
+    from _pytest.junitxml import xml_key
+
+    logxml = config.stash.get(xml_key, None)
+    if logxml is not None and hasattr(logxml, "logfile"):
+        logxml.logfile = str(path)
 
 
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
