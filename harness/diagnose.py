@@ -15,6 +15,7 @@ those bugs decide when, this module only words them.
 from __future__ import annotations
 
 import math
+import re
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -32,10 +33,11 @@ from harness.boundaries import (
 )
 from harness.golden.features import TargetFeatures
 
+CRASH_KINDS = ("engine_crash",)
 CAPTURE_KINDS = ("ok", "offset", "embedding_missing", "order_permuted", "final_boundary_normed",
                  "final_boundary_missing", "residual_missing", "stale_or_skipped", "unknown")
 FC_KINDS = ("fc_skipped", "fc_on_recurrent_state", "d2t_absolute", "draft_kv_not_rolled_back")
-KINDS = CAPTURE_KINDS + FC_KINDS
+KINDS = CAPTURE_KINDS + FC_KINDS + CRASH_KINDS
 
 # Relative per-token L2 error at which a state counts as "the same": loose enough for an
 # engine computing the whole target in that dtype, far below the distance between adjacent
@@ -453,3 +455,30 @@ def d2t_absolute_diagnosis(detail: str = "", **details: Any) -> Diagnosis:
 
 def draft_kv_not_rolled_back_diagnosis(detail: str = "", **details: Any) -> Diagnosis:
     return fc_diagnosis("draft_kv_not_rolled_back", detail, **details)
+
+
+_SHAPES = re.compile(r"mat1 and mat2 shapes cannot be multiplied \((\d+)x(\d+) and (\d+)x(\d+)\)")
+
+
+def crash_diagnosis(message: str, config_ids: Sequence[int], target_hidden: int) -> Diagnosis:
+    """An engine that fails on a draft is nonconformant too; name why where the error shows it.
+
+    A matmul shape error whose fed width is a multiple of the target hidden size smaller than
+    fc's input means aux slots went missing: an id matched no layer (a negative id, e.g. the
+    "-1 = embedding" style, in an engine that has no such id)."""
+    m = _SHAPES.search(message)
+    first = message.strip().splitlines()[0] if message.strip() else "engine failure"
+    if m and int(m.group(2)) % target_hidden == 0 and int(m.group(3)) % target_hidden == 0:
+        fed, want = int(m.group(2)) // target_hidden, int(m.group(3)) // target_hidden
+        if fed < want:
+            dropped = [i for i in config_ids if i < 0]
+            kind = "embedding_missing" if dropped else "engine_crash"
+            why = (f"ids {dropped} match no layer in this engine, so their slots are dropped"
+                   if dropped else "some ids match no captured layer")
+            return Diagnosis(kind=kind, message=(
+                f"the engine fed fc {fed} aux states where the draft's fc takes {want} ({why}) and "
+                f"crashed: {first}. Training fed the embedding output there; this engine cannot "
+                f"express it with these ids."), engine_boundaries=[], training_boundaries=[],
+                suggested_layer_ids=None, details={"fed_slots": fed, "fc_slots": want})
+    return Diagnosis(kind="engine_crash", message=f"the engine failed serving this draft: {first}",
+                     engine_boundaries=[], training_boundaries=[], suggested_layer_ids=None)

@@ -90,7 +90,7 @@ def lint_draft(draft_dir: Path, target_config: dict, convention: str = "specforg
         add("lm_head.weight", f"rows {None if head is None else head.shape[0]} != draft_vocab_size "
                               f"{draft_vocab}")
     problems.extend(_lint_vocab_map(state, draft_vocab, vocab))
-    for flag, key in (("norm_before_fc", "fc_input_norm.weight"), ("fc_norm", "fc_chunk_norms.0.weight")):
+    for flag, key in (("norm_before_fc", "input_norm.weight"), ("fc_norm", "fc_norm.0.weight")):
         if bool(cfg.get(flag, False)) != (key in state):
             add(flag, f"config says {bool(cfg.get(flag, False))} but the checkpoint "
                       f"{'has' if key in state else 'lacks'} {key}; engines would ignore or invent a norm")

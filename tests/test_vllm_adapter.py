@@ -6,9 +6,9 @@ counters carry real numbers, and every accepted token can be checked to be X. It
 (1, 3, 6) are distinct from vLLM's deepseek default (2, 4, 5), so a capture that silently
 fell back to the default would show.
 
-Tolerances: vLLM runs bf16 here; its CPU rotary op also mis-rotates DeepSeek's 3-D query
-(see the adapter's report), so boundaries differ from the fp32 reference by ~2-3% relative
-L2. Adjacent boundaries differ by far more, so the match stays unambiguous.
+Tolerances: vLLM runs bf16 here, so boundaries differ from the fp32 reference by ~1%
+relative L2 (2-3% if the adapter's CPU rotary workaround were dropped). Adjacent boundaries
+differ by far more, so the match stays unambiguous.
 """
 
 from __future__ import annotations
@@ -128,13 +128,13 @@ def test_greedy_generation_and_acceptance_counters(engine, models: dict) -> None
     spec = engine.generate(PROMPTS, NEW_TOKENS, speculative=True)
     assert plain.acceptance is None
     assert all(len(t) == NEW_TOKENS for t in plain.tokens + spec.tokens)
-    # Lossless up to bf16: a verify step runs 1+K positions at once, a plain step one, and a
-    # random tiny target has near-tied logits, so a late token may flip (seen: prompt 0 at
-    # token 8). Early tokens and most prompts must agree exactly.
+    # Lossless up to bf16: a verify step runs 1+K positions at once, a plain step one, so a
+    # near-tied logit of the random target may flip late; early tokens and almost every
+    # prompt must agree exactly (they all did here once the CPU rotary kernel was avoided).
     prefixes = [next((i for i, (a, b) in enumerate(zip(p, s, strict=True)) if a != b), NEW_TOKENS)
                 for p, s in zip(plain.tokens, spec.tokens, strict=True)]
-    assert min(prefixes) >= NEW_TOKENS // 4, (prefixes, plain.tokens, spec.tokens)
-    assert sum(n == NEW_TOKENS for n in prefixes) >= len(PROMPTS) // 2, prefixes
+    assert min(prefixes) >= NEW_TOKENS // 2, (prefixes, plain.tokens, spec.tokens)
+    assert sum(n == NEW_TOKENS for n in prefixes) >= len(PROMPTS) - 1, prefixes
 
     acc = spec.acceptance
     assert acc is not None and acc.num_drafts > 0

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import abc
 import enum
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,6 +29,31 @@ class Capability(str, enum.Enum):
 class EngineUnavailable(RuntimeError):
     """The engine cannot run on this machine (missing package, CPU feature, GPU); tests skip
     with this message as the reason."""
+
+
+class EngineCrash(RuntimeError):
+    """The engine failed on this draft (load, prefill, drafting): a conformance failure, not an
+    unavailable engine. `diagnoses` names the cause where the error shows it (the plugin
+    attaches them to the failed check)."""
+
+    def __init__(self, message: str, partial: Capture | None = None, log_tail: str = "",
+                 draft_dir: Path | None = None) -> None:
+        super().__init__(message)
+        self.partial = partial
+        self.log_tail = log_tail
+        self.diagnoses = self._diagnose(message, draft_dir)
+
+    @staticmethod
+    def _diagnose(message: str, draft_dir: Path | None) -> list:
+        from harness.diagnose import crash_diagnosis
+        from harness.models.draft import DraftConfig
+
+        try:
+            cfg = DraftConfig.from_json(json.loads((Path(draft_dir) / "config.json").read_text()))
+            ids, hidden = cfg.aux_layer_ids, cfg.target_hidden_size
+        except (OSError, ValueError, KeyError, TypeError):
+            ids, hidden = (), 1
+        return [crash_diagnosis(message, ids, hidden)]
 
 
 @dataclass(frozen=True)

@@ -47,22 +47,11 @@ from harness.engines.base import (
     Capability,
     Capture,
     Engine,
+    EngineCrash,
     EngineOptions,
     EngineUnavailable,
     Generation,
 )
-
-
-class EngineCrash(RuntimeError):
-    """vLLM failed on this draft (load, prefill, drafting). A conformance failure, not an
-    unavailable engine. `partial` carries the fc input vLLM had built before failing, where
-    the probe saw it (a dropped aux slot shows as a narrower tensor)."""
-
-    def __init__(self, message: str, partial: Capture | None = None, log_tail: str = "") -> None:
-        super().__init__(message)
-        self.partial = partial
-        self.log_tail = log_tail
-
 
 # Target-only engines do not depend on the draft: one per target and options serves every
 # VllmEngine of the session, instead of a fresh start-up per draft.
@@ -204,17 +193,19 @@ class VllmEngine(Engine):
             except WorkerError as e:
                 # the target alone starts (checked in __init__), so this is the draft's doing
                 self._final_failure = f"vLLM could not start with this EAGLE-3 draft: {e}"
-                raise EngineCrash(self._final_failure, log_tail=e.log_tail) from None
+                raise EngineCrash(self._final_failure, log_tail=e.log_tail, draft_dir=self.draft_dir) from None
             self._spec_worker["spec"] = handle
         return handle
 
     def _call_spec(self, op: str, *args: Any) -> Any:
         if self._final_failure:
             raise EngineCrash(f"{self._final_failure} (the same failure as before; the "
-                              f"worker is not restarted for this draft again)")
+                              f"worker is not restarted for this draft again)",
+                              draft_dir=self.draft_dir)
         try:
             result = self._call(self._spec(), op, *args)
         except EngineCrash as crash:
+            crash.diagnoses = EngineCrash._diagnose(str(crash), self.draft_dir)
             cause = re.sub(r"\d+", "#", str(crash).split(": ", 1)[-1])
             if cause == self._last_failure:
                 self._final_failure = str(crash)

@@ -131,7 +131,7 @@ def load_bundle(path: str | Path, verify_hashes: bool = True) -> Bundle:
           f"bundle format version {version!r} is not supported (this suite reads version "
           f"{FORMAT_VERSION}); rebuild the bundle with this version of eagle3-conformance")
     files = manifest["files"]
-    _need(isinstance(files, dict) and files, f"{mpath}: 'files' must map paths to sha256")
+    _need(isinstance(files, dict) and bool(files), f"{mpath}: 'files' must map every bundle file to its sha256; rebuild the bundle")
     for rel, digest in sorted(files.items()):
         fpath = root / rel
         _need(fpath.is_file(), f"bundle file {rel} is missing from {root}; "

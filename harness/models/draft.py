@@ -234,10 +234,11 @@ class Eagle3Draft(nn.Module):
         self.cfg = cfg
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.fc = nn.Linear(cfg.num_aux * cfg.target_hidden_size, cfg.hidden_size, bias=False)
+        # Norm weight names are those vLLM's llama_eagle3 loads (`input_norm`, `fc_norm.{i}`).
         if cfg.norm_before_fc:
-            self.fc_input_norm = RMSNorm(cfg.num_aux * cfg.target_hidden_size, cfg.rms_norm_eps)
+            self.input_norm = RMSNorm(cfg.num_aux * cfg.target_hidden_size, cfg.rms_norm_eps)
         if cfg.fc_norm:
-            self.fc_chunk_norms = nn.ModuleList(
+            self.fc_norm = nn.ModuleList(
                 RMSNorm(cfg.target_hidden_size, cfg.rms_norm_eps) for _ in range(cfg.num_aux))
         self.midlayer = DraftLayer(cfg)
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
@@ -250,9 +251,9 @@ class Eagle3Draft(nn.Module):
         """aux: [..., num_aux * target_hidden] in training slot order -> [..., hidden]."""
         if self.cfg.fc_norm:
             chunks = aux.split(self.cfg.target_hidden_size, dim=-1)
-            aux = torch.cat([n(c) for n, c in zip(self.fc_chunk_norms, chunks, strict=True)], dim=-1)
+            aux = torch.cat([n(c) for n, c in zip(self.fc_norm, chunks, strict=True)], dim=-1)
         if self.cfg.norm_before_fc:
-            aux = self.fc_input_norm(aux)
+            aux = self.input_norm(aux)
         return self.fc(aux)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
