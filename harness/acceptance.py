@@ -48,6 +48,7 @@ def golden_traces(oracle: Oracle, draft: str) -> list[list[int]]:
     return [[int(x) for x in row if x >= 0] for row in t]
 
 
+@torch.no_grad()
 def explain_shortfall(engine: Engine, oracle: Oracle, draft: str, generation: Generation,
                       golden: Sequence[Sequence[int]] | None) -> Diagnosis:
     """Name the likeliest cause of acceptance below training, from the cheapest evidence."""

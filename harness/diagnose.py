@@ -248,7 +248,9 @@ def _classify(slots: list[SlotMatch], train: list[int], n: int) -> tuple[str, in
     if len(slots) == len(train) and all(s.exact for s in slots):
         return "ok", None, None
     for s in slots:
-        if s.expected == n and s.found == FINAL_NORMED:
+        # A post-norm state in any slot: the engine took its deepest capture after the final
+        # norm (wherever training put that slot, no pre-norm boundary equals it).
+        if s.found == FINAL_NORMED and s.expected is not None:
             return "final_boundary_normed", None, s.slot
     for s in slots:
         if s.expected is not None and s.found == mlp_label(s.expected) and s.expected > 0:
