@@ -39,6 +39,18 @@ def test_acceptance_matches_golden_trace(engine: Engine, oracle: Oracle, draft_n
         import pytest
 
         pytest.skip(f"golden traces are for k={spec.num_draft_tokens} draft tokens, the engine runs k={k}")
+    if engine.options.dtype == "float32" and gen.traces is not None:
+        # Greedy chain drafting is deterministic: an fp32 engine must reproduce the golden
+        # trace round by round, which a bug that only bites after a rejection cannot fake.
+        diffs = [(i, next(r for r in range(max(len(e), len(g))) if e[r:r + 1] != g[r:r + 1]))
+                 for i, (e, g) in enumerate(zip(gen.traces, golden, strict=True)) if e != g]
+        if diffs:
+            i, r = diffs[0]
+            diag = explain_shortfall(engine, oracle, draft_name, gen, golden)
+            raise ConformanceFailure(
+                f"per-round acceptance differs from the golden trace on {len(diffs)}/{len(golden)} "
+                f"pinned prompts (fp32 must match exactly); first: prompt {i} round {r}: engine "
+                f"{gen.traces[i][:r + 1]} vs golden {golden[i][:r + 1]}. {diag.message}", [diag])
     tol = TRACE_TOLERANCE.get(engine.options.dtype, 0.15)
     gap = abs(measured.mean_acceptance_length - expected.mean_acceptance_length)
     if gap > tol * expected.mean_acceptance_length:
