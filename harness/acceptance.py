@@ -73,7 +73,7 @@ def explain_shortfall(engine: Engine, oracle: Oracle, draft: str, generation: Ge
                                 outside=outside[:20])
     if capture is not None and capture.fc_out is not None:
         for out, feats in zip(capture.fc_out, capture.features, strict=True):
-            expected = draft_model.project(feats.float())
+            expected = oracle.fc(draft, feats)
             err = float((out.float() - expected).norm() / expected.norm().clamp_min(1e-12))
             if err > rtol:
                 slot = fc_output_is_raw_input(out, feats, rtol)
