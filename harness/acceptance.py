@@ -14,7 +14,7 @@ from harness.diagnose import (
     Diagnosis,
     diagnose_capture,
     fc_diagnosis,
-    fc_output_is_raw_input,
+    judge_fc,
     outlier_budget_for,
     rtol_for,
 )
@@ -72,13 +72,13 @@ def explain_shortfall(engine: Engine, oracle: Oracle, draft: str, generation: Ge
                                                f"vocabulary (t2d), e.g. {outside[:5]}",
                                 outside=outside[:20])
     if capture is not None and capture.fc_out is not None:
-        for out, feats in zip(capture.fc_out, capture.features, strict=True):
-            expected = oracle.fc(draft, feats)
-            err = float((out.float() - expected).norm() / expected.norm().clamp_min(1e-12))
-            if err > rtol:
-                slot = fc_output_is_raw_input(out, feats, rtol)
-                return fc_diagnosis("fc_skipped", f"fc output off by {err:.3g} relative"
-                                    + (f", equal to raw slot {slot}" if slot is not None else ""))
+        verdict = judge_fc(capture.fc_out, capture.features,
+                           [oracle.fc(draft, f) for f in capture.features], rtol,
+                           draft_hidden=draft_model.cfg.hidden_size,
+                           norm_before_fc=draft_model.cfg.norm_before_fc, fc_norm=draft_model.cfg.fc_norm)
+        if not verdict.ok:
+            assert verdict.diagnosis is not None
+            return verdict.diagnosis
     if generation.traces is not None and golden is not None:
         first_same = all(e[:1] == g[:1] for e, g in zip(generation.traces, golden, strict=True))
         if first_same:

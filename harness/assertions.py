@@ -12,7 +12,15 @@ from collections.abc import Sequence
 import pytest
 import torch
 
-from harness.diagnose import Diagnosis, diagnose_capture, outlier_budget_for, rtol_for
+from harness.diagnose import (
+    Diagnosis,
+    diagnose_capture,
+    nearest_labels,
+    outlier_budget_for,
+    routing_noise_for,
+    rtol_for,
+    worst_tokens,
+)
 from harness.engines.base import Capability, Engine
 from harness.golden.features import TargetFeatures
 from harness.report import ConformanceFailure
@@ -27,13 +35,41 @@ def require(engine: Engine, capability: Capability) -> None:
 
 
 def tolerance_text(dtype: str) -> str:
-    rtol, budget = rtol_for(dtype), outlier_budget_for(dtype)
+    rtol, budget, noise = rtol_for(dtype), outlier_budget_for(dtype), routing_noise_for(dtype)
     if dtype == "float32":
         return (f"per-token relative L2 error <= {rtol:g} on every token (fp32 engines match the "
                 f"fp32 training reference up to summation order)")
-    return (f"per-token relative L2 error <= {rtol:g}, up to {budget:.0%} of tokens per slot "
-            f"beyond it, whole-slot error <= {rtol:g} ({dtype} rounding through {{layers}} layers "
-            f"flips MoE routing near ties at a few tokens)")
+    return (f"per-token relative L2 error <= {rtol:g}; a token whose fp32 router margin before "
+            f"that boundary is <= {noise:g} is excused ({dtype} may flip a near-tie routing); "
+            f"of the rest up to {budget:.0%} of tokens per slot beyond it, whole-slot error "
+            f"<= {rtol:g} ({dtype} rounding through {{layers}} layers)")
+
+
+def _near_tie_excused(features: Sequence[torch.Tensor], golden: Sequence[TargetFeatures],
+                      training_boundaries: Sequence[int], rtol: float,
+                      margins: Sequence[torch.Tensor], noise: float) -> int:
+    """Tokens beyond rtol that reduced precision explains: in every slot where the token is
+    off, fp32 routing is a near-tie before that boundary at this token or an earlier one (an
+    expert swapped there, felt here through attention), and the engine's state is still
+    nearer to the trained boundary than to any other golden state. A wiring bug hands over
+    another boundary (nearest: that one), so it is never excused."""
+    hidden = golden[0].boundaries.shape[-1]
+    excused = 0
+    for x, g, m in zip(features, golden, margins, strict=True):
+        off = torch.zeros(x.shape[0], dtype=torch.bool)
+        explained = torch.ones(x.shape[0], dtype=torch.bool)
+        for s, b in enumerate(training_boundaries):
+            chunk = x[:, s * hidden:(s + 1) * hidden].float()
+            ref = g.boundaries[b].float()
+            bad = (chunk - ref).norm(dim=-1) / ref.norm(dim=-1).clamp_min(1e-12) > rtol
+            if not bad.any():
+                continue
+            tie_so_far = torch.cummax((m[b] <= noise).int(), dim=0).values.bool()
+            recognisable = torch.tensor([label == b for label in nearest_labels(chunk, g)])
+            off |= bad
+            explained &= ~bad | (tie_so_far & recognisable)
+        excused += int((off & explained).sum())
+    return excused
 
 
 def reproducer(engine_name: str, draft: str, prompts: Sequence[Sequence[int]], check: str) -> str:
@@ -43,25 +79,15 @@ def reproducer(engine_name: str, draft: str, prompts: Sequence[Sequence[int]], c
             f"  # prompts {shown}{more}")
 
 
-def worst_tokens(features: Sequence[torch.Tensor], golden: Sequence[torch.Tensor],
-                 rtol: float) -> tuple[int, int, float]:
-    """(bad tokens, total tokens, worst relative error) between engine and golden aux."""
-    bad = total = 0
-    worst = 0.0
-    for x, ref in zip(features, golden, strict=True):
-        err = (x.float() - ref.float()).norm(dim=-1) / ref.float().norm(dim=-1).clamp_min(1e-12)
-        bad += int((err > rtol).sum())
-        total += err.numel()
-        worst = max(worst, float(err.max())) if err.numel() else worst
-    return bad, total, worst
-
-
 def assert_capture_matches(*, features: Sequence[torch.Tensor], golden: Sequence[TargetFeatures],
                            training_boundaries: Sequence[int], dtype: str,
                            engine_name: str, engine_convention: str | None,
                            config_ids: Sequence[int], draft: str,
-                           prompts: Sequence[Sequence[int]], check: str) -> Diagnosis:
-    """The engine handed the draft, slot by slot and token by token, what training used."""
+                           prompts: Sequence[Sequence[int]], check: str,
+                           margins: Sequence[torch.Tensor] | None = None) -> Diagnosis:
+    """The engine handed the draft, slot by slot and token by token, what training used.
+    `margins`: per prompt, the oracle's fp32 routing margins [N+1, T]; without them no token
+    is excused as a routing near-tie."""
     hidden = golden[0].boundaries.shape[-1]
     expected_width = len(training_boundaries) * hidden
     widths = {int(x.shape[-1]) for x in features}
@@ -75,11 +101,16 @@ def assert_capture_matches(*, features: Sequence[torch.Tensor], golden: Sequence
             f"{diag.message}\n{reproducer(engine_name, draft, prompts, check)}", [diag])
     ref = [torch.cat([g.boundaries[b] for b in training_boundaries], -1) for g in golden]
     bad, total, worst = worst_tokens(features, ref, rtol)
-    if bad and diag.kind != "ok" or bad > outlier_budget_for(dtype) * total:
+    noise = routing_noise_for(dtype)
+    excused = _near_tie_excused(features, golden, training_boundaries, rtol, margins, noise) \
+        if bad and noise > 0 and margins is not None else 0
+    unexcused = bad - excused
+    if unexcused and diag.kind != "ok" or unexcused > outlier_budget_for(dtype) * total:
         tol = tolerance_text(dtype).format(layers=golden[0].num_layers)
         raise ConformanceFailure(
-            f"aux features differ from training on {bad}/{total} tokens (worst relative error "
-            f"{worst:.3g}; tolerance: {tol}). {diag.message}\n"
+            f"aux features differ from training on {unexcused}/{total} tokens"
+            + (f" ({excused} more excused as routing near-ties)" if excused else "")
+            + f" (worst relative error {worst:.3g}; tolerance: {tol}). {diag.message}\n"
             f"{reproducer(engine_name, draft, prompts, check)}", [diag])
     return diag
 

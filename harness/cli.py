@@ -193,7 +193,7 @@ def cmd_selftest(a: argparse.Namespace, extra: Sequence[str]) -> int:
         result: dict[str, Any] = {"name": name, "bug_class": _mutant_field(entry, name, "bug_class"),
                                   "expected_diagnosis_kind": expected, "caught": False,
                                   "diagnosis_correct": False, "failed_checks": [],
-                                  "diagnosis": None, "diagnosis_kinds": [],
+                                  "diagnosis": None, "diagnosis_kinds": [], "diagnosis_share": 0.0,
                                   "report_dir": str(root / "mutants" / _safe(name))}
         if report is None or code not in (0, 1):
             result["error"] = f"the run ended with exit code {code} and no report; see run.log"
@@ -207,6 +207,9 @@ def cmd_selftest(a: argparse.Namespace, extra: Sequence[str]) -> int:
                 diagnosis_correct=match is not None,
                 failed_checks=failed,
                 diagnosis_kinds=sorted({str(d.get("kind")) for d in diags}),
+                # how much of the evidence names the bug: 1.0 when no check blamed anything else
+                diagnosis_share=round(sum(d.get("kind") == expected for d in diags) / len(diags), 3)
+                if diags else 0.0,
                 diagnosis=(match or (diags[0] if diags else {})).get("message"))
         results.append(result)
         print(f"{'zoo:' + name:<40} {'caught' if result['caught'] else 'MISSED':<7} "
@@ -232,10 +235,34 @@ def cmd_selftest(a: argparse.Namespace, extra: Sequence[str]) -> int:
 
 
 def cmd_golden_build(a: argparse.Namespace, extra: Sequence[str]) -> int:
-    from harness.golden.builder import build_bundle
+    from harness.golden.builder import BUILD_SIZES, build_bundle
 
-    out = build_bundle(Path(a.out), a.seed)
-    print(f"built {out}")
+    if a.threads < 1:
+        raise CliError(f"--threads {a.threads} is not a thread count; pass 1 or more")
+    if a.target_from and not (Path(a.target_from) / "training.json").is_file():
+        raise CliError(f"{a.target_from} holds no training.json; pass the target/ folder of a "
+                       f"bundle this builder wrote")
+    try:
+        out = build_bundle(Path(a.out), a.seed, BUILD_SIZES[a.size], threads=a.threads,
+                           target_from=Path(a.target_from) if a.target_from else None)
+    except ValueError as e:
+        raise CliError(str(e).splitlines()[0]) from None
+    bundle = _check_bundle(out, ())
+    print(f"built {out}: manifest sha256 {bundle.manifest_sha256()[:16]}")
+    return 0
+
+
+def cmd_golden_diff(a: argparse.Namespace, extra: Sequence[str]) -> int:
+    from harness.golden.bundle import bundle_differences
+
+    first, second = _check_bundle(Path(a.first), ()), _check_bundle(Path(a.second), ())
+    diffs = bundle_differences(first, second)
+    for line in diffs:
+        print(line)
+    if diffs:
+        print(f"{len(diffs)} difference(s) between {a.first} and {a.second}")
+        return 1
+    print(f"identical: {len(first.manifest['files'])} files hash the same in {a.first} and {a.second}")
     return 0
 
 
@@ -302,7 +329,16 @@ def build_parser() -> argparse.ArgumentParser:
     build = gsub.add_parser("build", help="train and write a bundle (minutes on a CPU)")
     build.add_argument("--out", required=True)
     build.add_argument("--seed", type=int, default=0)
+    build.add_argument("--size", choices=("full", "smoke"), default="full",
+                       help="full: the committed bundle; smoke: every stage on a sliver of data")
+    build.add_argument("--threads", type=int, default=1,
+                       help="torch threads; a build reproduces bit for bit only at the same count")
+    build.add_argument("--target-from", help="reuse the target/ folder of an earlier build")
     build.set_defaults(func=cmd_golden_build)
+    diff = gsub.add_parser("diff", help="compare two bundles file by file (exit 1 if they differ)")
+    diff.add_argument("first")
+    diff.add_argument("second")
+    diff.set_defaults(func=cmd_golden_diff)
     verify = gsub.add_parser("verify", help="check a bundle's manifest, hashes and shapes")
     verify.add_argument("path")
     verify.set_defaults(func=cmd_golden_verify)

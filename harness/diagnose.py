@@ -35,8 +35,10 @@ from harness.golden.features import TargetFeatures
 
 CRASH_KINDS = ("engine_crash",)
 CAPTURE_KINDS = ("ok", "offset", "embedding_missing", "order_permuted", "final_boundary_normed",
-                 "final_boundary_missing", "residual_missing", "stale_or_skipped", "unknown")
-FC_KINDS = ("fc_skipped", "fc_on_recurrent_state", "d2t_absolute", "draft_kv_not_rolled_back")
+                 "final_boundary_missing", "residual_missing", "stale_or_skipped", "ids_ignored",
+                 "unknown")
+FC_KINDS = ("fc_skipped", "fc_wrong", "fc_on_recurrent_state", "d2t_absolute",
+            "draft_kv_not_rolled_back")
 KINDS = CAPTURE_KINDS + FC_KINDS + CRASH_KINDS
 
 # Relative per-token L2 error at which a state counts as "the same": loose enough for an
@@ -52,6 +54,18 @@ ZERO = "zero"
 # routing near ties at a few tokens (seen on an H200: 4-5 of 265 tokens, relative error up to
 # 0.4), while a real wiring bug moves whole slots or whole positions. fp32 allows none.
 OUTLIER_BUDGET = {"float32": 0.0, "float16": 0.03, "bfloat16": 0.03}
+
+
+# fp32 router margin (score units, see harness.models.target.routing_margins) below which a
+# token's routing counts as a near-tie for the dtype: bf16 hidden states carry ~1% relative
+# error by the middle layers, which moves sigmoid router scores by up to ~5e-3; the bound is
+# twice that. fp16 has 3 more mantissa bits. fp32 excuses nothing. Seen on an H200: prompt
+# [18] routes with margin 1.7e-3 at layer 1, and bf16 flipped it (relative error 0.12).
+ROUTING_NOISE = {"float32": 0.0, "float16": 1.25e-3, "bfloat16": 1e-2}
+
+
+def routing_noise_for(dtype: str | torch.dtype) -> float:
+    return ROUTING_NOISE.get(str(dtype).removeprefix("torch."), 0.0)
 
 
 def outlier_budget_for(dtype: str | torch.dtype) -> float:
@@ -148,6 +162,14 @@ def _candidates(golden: TargetFeatures) -> tuple[list[Label], torch.Tensor]:
     states = torch.cat([golden.boundaries.float(), golden.final_normed.float()[None],
                         golden.mlp_out[1:].float()], dim=0)
     return labels, states
+
+
+def nearest_labels(chunk: torch.Tensor, golden: TargetFeatures) -> list[Label]:
+    """Per token, the golden state ([T, H] chunk of one slot) lies closest to, by relative
+    error: what the engine's state is still recognisable as when it is beyond tolerance."""
+    labels, states = _candidates(golden)
+    err = (chunk.float()[None] - states).norm(dim=-1) / states.norm(dim=-1).clamp_min(1e-12)
+    return [labels[int(i)] for i in err.argmin(dim=0)]
 
 
 def _match_slot(slot: int, chunks: list[torch.Tensor], golden: Sequence[TargetFeatures],
@@ -269,6 +291,11 @@ def _classify(slots: list[SlotMatch], train: list[int], n: int) -> tuple[str, in
         shifts = {f - t for f, t in zip(ints, train, strict=True)}
         if len(shifts) == 1:
             return "offset", shifts.pop(), first_bad
+        # the "-1 = embedding" style: an engine that honours -1 but shifts every real id
+        past_embedding = {f - t for f, t in zip(ints, train, strict=True) if not f == t == 0}
+        if len(past_embedding) == 1 and 0 in train and train.index(0) == ints.index(0) \
+                and 0 not in past_embedding:
+            return "offset", past_embedding.pop(), first_bad
     if 0 in train and 0 not in found:
         return "embedding_missing", None, train.index(0) if train.index(0) < len(slots) else first_bad
     if n in train and n not in found:
@@ -287,9 +314,33 @@ _CAUSE = {
     "residual_missing": "residual missing — the engine captures the MLP output without adding the residual back",
     "order_permuted": "order permuted — the right boundaries in the wrong slots",
     "stale_or_skipped": "capture skipped — the engine skips capture for some layers or positions and leaves stale or zero values",
+    "ids_ignored": "ids ignored — the engine captured its own default boundaries, not the ids the draft "
+                   "config lists (vLLM's V2 model runner reads a top-level eagle_aux_hidden_state_layer_ids "
+                   "or eagle_config.layer_ids, never the nested eagle_config.eagle_aux_hidden_state_layer_ids "
+                   "that SpecForge writes, and falls back to the model's (2, N//2, N-3))",
     "unknown": "unknown — no single known cause explains the slots",
 }
 _ENGINE_BUGS = ("final_boundary_normed", "residual_missing", "stale_or_skipped")
+
+
+def _ignored_ids(found: list[Label], train: list[int], n: int, engine_convention: str | None,
+                 config_ids: Sequence[int] | None) -> bool:
+    """The slots hold the engine's default boundaries while the config asked for others: the
+    engine never read the ids (checked before the per-slot causes, which would otherwise
+    blame whichever slot happens to differ)."""
+    if not config_ids or found == train or not all(isinstance(f, int) for f in found):
+        return False
+    names = [engine_convention] if engine_convention else list(CONVENTIONS)
+    defaults = {tuple(get_convention(c).default_boundaries(n)) for c in names}
+    if tuple(found) not in defaults:
+        return False
+    for c in names:
+        try:
+            if list(ids_to_boundaries(config_ids, c, n)) == found:
+                return False  # the ids, read in some convention, say exactly these boundaries
+        except LayerIdError:
+            continue
+    return True
 
 
 def _consistent(config_ids: Sequence[int] | None, found: list[Label], n: int) -> list[str]:
@@ -331,6 +382,11 @@ def diagnose_capture(
                        and s.expected_fraction >= 1 - outlier_budget and s.rel_error <= rtol)
     found: list[Label] = [s.found for s in slots]
     kind, offset, at = _classify(slots, train, n)
+    # a uniform shift is the simpler explanation where both fit; ids_ignored explains the rest
+    if kind not in ("ok", "offset", *_ENGINE_BUGS) and _ignored_ids(found, train, n, engine_convention,
+                                                                     config_ids):
+        kind, offset = "ids_ignored", None
+        at = next((s.slot for s in slots if not s.exact), None)
     consistent = _consistent(config_ids, found, n)
     conv_name = get_convention(engine_convention).name if engine_convention else None
 
@@ -346,6 +402,10 @@ def diagnose_capture(
         try:
             suggested = list(boundaries_to_ids(train, conv_name, n))
             fix = f"Set eagle_aux_hidden_state_layer_ids to {suggested} for {conv_name}."
+            if kind == "ids_ignored":
+                fix = (f"The engine must read the ids: put eagle_aux_hidden_state_layer_ids: "
+                       f"{suggested} where {conv_name} reads it (for vLLM's V2 runner, at the top "
+                       f"level of the draft config).")
         except LayerIdError as err:
             fix = f"{err}."
 
@@ -376,15 +436,16 @@ def _message(kind: str, offset: int | None, at: int | None, slots: list[SlotMatc
                      f"({short_boundary(train[at], n)})")
     if len(slots) != len(train):
         missing = [b for b in train if b not in [s.found for s in slots]]
-        parts.append(f"the engine handed {len(slots)} slots, training used {len(train)} "
-                     f"(boundaries {missing} never arrived)")
+        parts.append(f"the engine handed {len(slots)} slots, training used {len(train)}"
+                     + (f" (boundaries {missing} never arrived)" if missing else ""))
     head = "; ".join(parts)
     if kind == "offset":
         assert offset is not None
         later = "later" if offset > 0 else "earlier"
-        cause = (f"offset {offset:+d} — every slot is {abs(offset)} boundar"
-                 f"{'y' if abs(offset) == 1 else 'ies'} {later} than training")
-        if 0 in train:
+        kept = 0 in train and 0 in [s.found for s in slots]
+        cause = (f"offset {offset:+d} — every slot{' past the embedding' if kept else ''} is "
+                 f"{abs(offset)} boundar{'y' if abs(offset) == 1 else 'ies'} {later} than training")
+        if 0 in train and not kept:
             cause += ", and the embedding is lost with it"
     else:
         cause = _CAUSE[kind]
@@ -397,6 +458,59 @@ def _message(kind: str, offset: int | None, at: int | None, slots: list[SlotMatc
 
 
 # -- fc-level and vocab-level kinds (the checks decide when) ----------------------------------
+
+
+def worst_tokens(features: Sequence[torch.Tensor], golden: Sequence[torch.Tensor],
+                 rtol: float) -> tuple[int, int, float]:
+    """(bad tokens, total tokens, worst relative error): judged per token, because a bug that
+    touches a few positions (a rollback, a ragged batch) vanishes in a whole-prompt norm."""
+    bad = total = 0
+    worst = 0.0
+    for x, ref in zip(features, golden, strict=True):
+        err = (x.float() - ref.float()).norm(dim=-1) / ref.float().norm(dim=-1).clamp_min(1e-12)
+        bad += int((err > rtol).sum())
+        total += err.numel()
+        worst = max(worst, float(err.max())) if err.numel() else worst
+    return bad, total, worst
+
+
+@dataclass(frozen=True)
+class FcVerdict:
+    """The fc check's finding, shared by the fc suite and the acceptance explainer so that
+    both judge the projection by one criterion."""
+
+    bad: int
+    total: int
+    worst: float
+    message: str
+    diagnosis: Diagnosis | None  # None exactly when ok
+
+    @property
+    def ok(self) -> bool:
+        return self.bad == 0
+
+
+def judge_fc(fc_out: Sequence[torch.Tensor], features: Sequence[torch.Tensor],
+             expected: Sequence[torch.Tensor], rtol: float, *, draft_hidden: int,
+             norm_before_fc: bool, fc_norm: bool) -> FcVerdict:
+    """Did the engine's fc output equal fc(the engine's own features), token by token? Judged
+    on the engine's features so that a capture bug does not masquerade as an fc bug."""
+    bad, total, worst = worst_tokens(fc_out, expected, rtol)
+    if not bad:
+        return FcVerdict(0, total, worst, "fc output matches fc(features)", None)
+    width = int(features[0].shape[-1])
+    detail = (f"the draft's fc output differs from fc(features) on {bad}/{total} tokens "
+              f"(worst relative error {worst:.3g}, tolerance {rtol:g})")
+    slot = next((s for s in (fc_output_is_raw_input(o, f, rtol)
+                             for o, f in zip(fc_out, features, strict=True)) if s is not None), None)
+    if slot is not None:
+        diag = fc_diagnosis("fc_skipped", f"{detail}; it equals aux slot {slot} unprojected (fc "
+                                          f"input width {width}, draft hidden {draft_hidden})",
+                            raw_slot=slot)
+        return FcVerdict(bad, total, worst, diag.message, diag)
+    diag = fc_diagnosis("fc_wrong", f"{detail}; the trained flags are norm_before_fc="
+                                    f"{norm_before_fc}, fc_norm={fc_norm}")
+    return FcVerdict(bad, total, worst, diag.message, diag)
 
 
 def fc_output_is_raw_input(fc_out: torch.Tensor, features: torch.Tensor, rtol: float) -> int | None:
@@ -419,6 +533,10 @@ _FC_TEXT = {
         "decide 'apply fc?' by comparing widths skip it whenever num_aux * target_hidden equals "
         "the draft hidden size (e.g. one aux layer), or run an EAGLE-3 draft as EAGLE. Fix in the "
         "engine: apply fc to the aux states on the first draft step unconditionally."),
+    "fc_wrong": (
+        "fc computed differently from training — not a skipped fc (the output equals no raw aux "
+        "slot) but other weights, a dropped or extra norm (norm_before_fc / fc_norm), or a "
+        "different slot order inside fc. Fix the engine's fc weight loading and norm flags."),
     "fc_on_recurrent_state": (
         "fc applied to the draft's own recurrent state — training applies fc once, on the first "
         "draft step; later steps feed the draft's H-wide pre-norm output straight in. Fix in the "
@@ -481,6 +599,13 @@ def crash_diagnosis(message: str, config_ids: Sequence[int], target_hidden: int)
                 f"the engine fed fc {fed} aux states where the draft's fc takes {want} ({why}) and "
                 f"crashed: {first}. Training fed the embedding output there; this engine cannot "
                 f"express it with these ids."), engine_boundaries=[], training_boundaries=[],
+                suggested_layer_ids=None, details={"fed_slots": fed, "fc_slots": want})
+        if fed > want:
+            return Diagnosis(kind="ids_ignored", message=(
+                f"the engine fed fc {fed} aux states where the draft's fc takes {want} and crashed: "
+                f"{first}. It captured more layers than the config's ids {list(config_ids)} name, "
+                f"so it took its layer list from elsewhere (an engine that ignores the ids captures "
+                f"its default three)."), engine_boundaries=[], training_boundaries=[],
                 suggested_layer_ids=None, details={"fed_slots": fed, "fc_slots": want})
     return Diagnosis(kind="engine_crash", message=f"the engine failed serving this draft: {first}",
                      engine_boundaries=[], training_boundaries=[], suggested_layer_ids=None)

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from harness.assertions import ConformanceFailure, reproducer, require, worst_tokens
-from harness.diagnose import fc_diagnosis, fc_output_is_raw_input, rtol_for
+from harness.assertions import ConformanceFailure, reproducer, require
+from harness.diagnose import judge_fc, rtol_for
 from harness.engines.base import Capability, Engine
 from harness.golden.oracle import Oracle
 
@@ -25,20 +25,11 @@ def test_fc_output_matches_training(engine: Engine, oracle: Oracle, draft_name: 
         pytest.fail(f"cannot judge fc: the engine's features are not {width} wide "
                     f"(test_capture_pinned_prompts names why)")
     expected = [oracle.fc(draft_name, f) for f in capture.features]
-    rtol = rtol_for(engine.options.dtype)
-    bad, total, worst = worst_tokens(capture.fc_out, expected, rtol)
-    if not bad:
+    verdict = judge_fc(capture.fc_out, capture.features, expected, rtol_for(engine.options.dtype),
+                       draft_hidden=draft.cfg.hidden_size, norm_before_fc=draft.cfg.norm_before_fc,
+                       fc_norm=draft.cfg.fc_norm)
+    if verdict.ok:
         return
-    raw = [fc_output_is_raw_input(o, f, rtol) for o, f in zip(capture.fc_out, capture.features, strict=True)]
-    detail = (f"the draft's fc output differs from fc(features) on {bad}/{total} tokens "
-              f"(worst relative error {worst:.3g}, tolerance {rtol:g})")
-    slot = next((r for r in raw if r is not None), None)
-    diag = None if slot is None else fc_diagnosis(
-        "fc_skipped", f"{detail}; it equals aux slot {slot} unprojected (fc input width {width}, "
-                      f"draft hidden {draft.cfg.hidden_size})")
-    message = diag.message if diag else (
-        f"{detail}; fc weights or its norm flags (norm_before_fc={draft.cfg.norm_before_fc}, "
-        f"fc_norm={draft.cfg.fc_norm}) are not applied as trained")
-    raise ConformanceFailure(message + "\n" + reproducer(engine.name, draft_name, batch,
-                                                         "test_fc_output_matches_training"),
-                             [diag] if diag else [])
+    raise ConformanceFailure(verdict.message + "\n" + reproducer(
+        engine.name, draft_name, batch, "test_fc_output_matches_training"),
+        [d for d in (verdict.diagnosis,) if d is not None])

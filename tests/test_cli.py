@@ -34,6 +34,10 @@ def _one_line_error(capsys: pytest.CaptureFixture[str]) -> str:
     (["golden", "verify"], "path"),
     (["conformance-table", "missing.json"], "missing.json does not exist"),
     (["golden", "verify", "x", "--", "-q"], "only for run and selftest"),
+    (["golden", "build", "--out", "x", "--threads", "0"], "--threads 0 is not a thread count"),
+    (["golden", "build", "--out", "x", "--size", "huge"], "invalid choice: 'huge'"),
+    (["golden", "build", "--out", "x", "--target-from", "nowhere"], "nowhere holds no training.json"),
+    (["golden", "diff", "nowhere", "golden/tiny-dsv3"], "nowhere"),
 ])
 def test_bad_input_is_one_line_exit_2(argv: list[str], needle: str,
                                       capsys: pytest.CaptureFixture[str]) -> None:
@@ -141,3 +145,21 @@ def test_run_prints_the_verdict_line(tmp_path: Path) -> None:
     assert last.endswith(f"report: {tmp_path / 'out' / 'report.md'}")
     for name in report.REPORT_FILES:
         assert (tmp_path / "out" / name).is_file()
+
+
+def test_selftest_contract_on_two_mutants(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """selftest.json as DESIGN.md promises it, on a cheap slice (the pinned-prompt capture
+    check): both mutants caught, each diagnosed as its own bug class."""
+    out = tmp_path / "st"
+    code = cli.main(["selftest", "--report-dir", str(out), "--no-control", "--mutant", "ids_plus_one",
+                     "--mutant", "config_ids_ignored", "--", "-k", "test_capture_pinned_prompts"])
+    summary = json.loads((out / "selftest.json").read_text())
+    rows = {m["name"]: m for m in summary["mutants"]}
+    assert code == 0 and summary["passed"], capsys.readouterr().out
+    assert summary["mutation_score"] == 1.0 and summary["diagnosis_score"] == 1.0
+    for name, kind, cause in [("ids_plus_one", "offset", "root cause: offset +1"),
+                              ("config_ids_ignored", "ids_ignored", "root cause: ids ignored")]:
+        row = rows[name]
+        assert row["caught"] and row["diagnosis_correct"] and row["expected_diagnosis_kind"] == kind
+        assert row["bug_class"] and row["failed_checks"] and 0 < row["diagnosis_share"] <= 1
+        assert cause in row["diagnosis"], row["diagnosis"]

@@ -11,6 +11,7 @@ import torch
 
 from harness.diagnose import (
     Diagnosis,
+    crash_diagnosis,
     d2t_absolute_diagnosis,
     diagnose_capture,
     draft_kv_not_rolled_back_diagnosis,
@@ -18,6 +19,7 @@ from harness.diagnose import (
     fc_on_recurrent_state_diagnosis,
     fc_output_is_raw_input,
     fc_skipped_diagnosis,
+    judge_fc,
     rtol_for,
 )
 from harness.golden.features import TargetFeatures, aux_features, target_features
@@ -213,3 +215,82 @@ def test_fc_level_constructors(golden):
         assert d.details == {"slot": 0} and json.dumps(d.to_json())
     with pytest.raises(ValueError, match="unknown fc-level kind"):
         fc_diagnosis("offset")
+
+
+def test_judge_fc_names_skip_and_wrong_projection(golden):
+    """One judge for the fc suite and the acceptance explainer: per token, a raw aux slot
+    passed on is `fc_skipped`, any other wrong projection `fc_wrong`, a match has no
+    diagnosis."""
+    torch.manual_seed(0)
+    feats = [aux_features(g, SPECFORGE) for g in golden]
+    fc = torch.nn.Linear(feats[0].shape[-1], feats[0].shape[-1] // 3, bias=False)
+    with torch.no_grad():
+        expected = [fc(f) for f in feats]
+    flags = {"draft_hidden": fc.out_features, "norm_before_fc": False, "fc_norm": False}
+    ok = judge_fc(expected, feats, expected, 1e-3, **flags)
+    assert ok.ok and ok.diagnosis is None and ok.total == sum(f.shape[0] for f in feats)
+    raw = [f[:, fc.out_features:2 * fc.out_features] for f in feats]
+    skipped = judge_fc(raw, feats, expected, 1e-3, **flags)
+    assert skipped.diagnosis is not None and skipped.diagnosis.kind == "fc_skipped"
+    assert "aux slot 1 unprojected" in skipped.message and skipped.bad == skipped.total
+    one_token = [e.clone() for e in expected]
+    one_token[0][-1] *= 1.5
+    wrong = judge_fc(one_token, feats, expected, 1e-3, **flags)
+    assert wrong.diagnosis is not None and wrong.diagnosis.kind == "fc_wrong"
+    assert wrong.bad == 1 and "on 1/" in wrong.message
+
+
+def test_ids_ignored_engine_fell_back_to_its_defaults(golden):
+    """vLLM's V2 runner on a SpecForge draft trained with ids [1, 3, 7]: it never reads the
+    nested ids and captures (2, N//2, N-3). Blaming slot 2's "missing final boundary" would
+    send the user after the wrong fix."""
+    d = diagnose_capture(_engine(golden, [2, 4, 5]), golden, [2, 4, N], engine_convention="vllm",
+                         config_ids=[1, 3, 7])
+    assert d.kind == "ids_ignored" and d.suggested_layer_ids == [2, 4, N]
+    assert "root cause: ids ignored" in d.message and "at the top level of the draft config" in d.message
+    single = diagnose_capture(_engine(golden, [2, 4, 5]), golden, [4], engine_convention="vllm",
+                              config_ids=[3])
+    assert single.kind == "ids_ignored" and "never arrived" not in single.message
+
+
+def test_ids_read_but_wrong_are_not_ids_ignored(golden):
+    # the config itself says [2, 4, 5] in vLLM's convention: the engine read it; the config is wrong
+    d = diagnose_capture(_engine(golden, [2, 4, 5]), golden, [2, 4, N], engine_convention="vllm",
+                         config_ids=[2, 4, 5])
+    assert d.kind == "final_boundary_missing" and d.suggested_layer_ids == [2, 4, N]
+    # without the config's ids there is no evidence the engine ignored them
+    assert diagnose_capture(_engine(golden, [2, 4, 5]), golden, [2, 4, N]).kind == "final_boundary_missing"
+
+
+def _fc_error(fed_slots: int, fc_slots: int, hidden: int = 16) -> str:
+    """The error torch itself raises when fc gets the wrong number of aux slots."""
+    fc = torch.nn.Linear(fc_slots * hidden, hidden, bias=False)
+    with pytest.raises(RuntimeError) as err:
+        fc(torch.zeros(5, fed_slots * hidden))
+    return str(err.value)
+
+
+@pytest.mark.parametrize("fed, ids, kind, needle", [
+    (2, [-1, 3, 5], "embedding_missing", "ids [-1] match no layer"),
+    (2, [1, 3, 4], "engine_crash", "some ids match no captured layer"),
+    (3, [3], "ids_ignored", "captured more layers than the config's ids [3] name"),
+])
+def test_crash_diagnosis_reads_the_fc_width_error(fed: int, ids: list[int], kind: str, needle: str) -> None:
+    d = crash_diagnosis(_fc_error(fed, len(ids)), ids, target_hidden=16)
+    assert d.kind == kind and needle in d.message
+    assert d.details == {"fed_slots": fed, "fc_slots": len(ids)}
+
+
+def test_crash_diagnosis_of_an_unrelated_error() -> None:
+    d = crash_diagnosis("CUDA out of memory\nmore", [1, 3, 4], target_hidden=16)
+    assert d.kind == "engine_crash" and d.message == "the engine failed serving this draft: CUDA out of memory"
+
+
+def test_offset_past_a_kept_embedding(golden):
+    """An engine that honours "-1 = embedding" but reads every other id one boundary early:
+    one cause, not "unknown"."""
+    d = diagnose_capture(_engine(golden, [0, 3, 5]), golden, EMBED_FIRST, engine_convention="embedding-minus-one",
+                         config_ids=[-1, 3, 5])
+    assert d.kind == "offset" and d.offset == -1 and d.suggested_layer_ids == [-1, 3, 5]
+    assert "every slot past the embedding is 1 boundary earlier" in d.message
+    assert "embedding is lost" not in d.message

@@ -10,6 +10,7 @@ from __future__ import annotations
 import inspect
 import re
 from functools import cache
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -51,6 +52,12 @@ def test_mutant_overrides_exactly_its_one_hook(key: str) -> None:
     assert own == {cls.hook}, f"{key} overrides {sorted(own)}, declares {cls.hook!r}"
     assert getattr(cls, cls.hook) is not getattr(Eagle3Runtime, cls.hook)
     assert not ({h for h in HOOKS if h in vars(Mutant)}), "the shared base must stay bug-free"
+
+
+def test_every_root_cause_has_a_mutant() -> None:
+    """A diagnosis class no mutant produces is one the selftest never proves the suite names."""
+    produced = {c.expected_diagnosis_kind for c in MUTANTS.values()}
+    assert set(KINDS) - produced == {"ok", "unknown", "engine_crash"}, sorted(set(KINDS) - produced)
 
 
 def test_mutant_names_are_unique_and_enough() -> None:
@@ -158,3 +165,11 @@ def test_mutant_changes_what_the_draft_sees_or_proposes(key: str) -> None:
         return
     errors = {d: _observed(MUTANTS[key], d).error for d in drafts}
     pytest.fail(f"{key} is a silent no-op on every bundle draft {drafts} (errors: {errors})")
+
+
+def test_diagnoses_doc_lists_every_kind_and_mutant() -> None:
+    """docs/DIAGNOSES.md is what a user reads when a check fails: it must not fall behind."""
+    text = (Path(__file__).resolve().parents[1] / "docs" / "DIAGNOSES.md").read_text()
+    missing = [k for k in KINDS if k != "ok" and f"`{k}`" not in text]
+    missing += [m for m in MUTANTS if f"`{m}`" not in text]
+    assert not missing, f"docs/DIAGNOSES.md does not mention {missing}"

@@ -8,10 +8,9 @@ losslessness) is the reference's, so a mutant differs from training by exactly i
 mutant states the `harness.diagnose.KINDS` entry a correct diagnosis must produce.
 
 The bundle's drafts decide what can show: specforge-default trains boundaries [2, 4, 5],
-embed-first [0, 4, 6], single-aux [4] (N = 8; no draft trains boundary N). Where a bug only
-exists at a boundary no draft uses (b = N), the mutant applies the engine's rule to the
-deepest boundary the draft asks for and its docstring says so; a mutant must never be a
-silent no-op on every bundle draft (tests/test_zoo.py checks that).
+embed-first [0, 4, 6], single-aux [4], final-aux [2, 4, 8] (N = 8). A mutant applies its bug
+exactly where the real engine has it (a final-boundary bug only at b = N), so it may leave
+some drafts untouched, but never every bundle draft (tests/test_zoo.py checks that).
 
 Resolved by `harness.registry` as `zoo:<key>` with <key> a key of `MUTANTS`.
 """
@@ -23,6 +22,7 @@ from typing import ClassVar
 
 import torch
 
+from harness.boundaries import get_convention
 from harness.engines.reference import ReferenceEngine
 from harness.engines.speculative import TargetStates
 from harness.models.draft import DraftKV
@@ -113,6 +113,29 @@ class VllmIdsUnshifted(Mutant):
         return sorted(i for i in self.layer_ids if i >= 0)
 
 
+class ConfigIdsIgnored(Mutant):
+    """The draft config's ids never read: the engine looks for them under another key, finds
+    none, and captures its model's defaults (2, N//2, N-3). vLLM 0.32's V2 GPU model runner
+    does this to every SpecForge draft: `get_eagle3_aux_layers_from_config`
+    (vllm/v1/worker/gpu/spec_decode/eagle/eagle3_utils.py) reads a top-level
+    `eagle_aux_hidden_state_layer_ids` or `eagle_config["layer_ids"]`, while SpecForge nests
+    `eagle_config.eagle_aux_hidden_state_layer_ids` (the V1 runner,
+    vllm/v1/worker/gpu_model_runner.py, reads the nested key). vllm-project/vllm PR #50170
+    measured the same silent fallback on Llama-3.3-70B: acceptance 1.2% against 58.9%.
+    embed-first [0,4,6] and final-aux [2,4,8] -> [2,4,5]; single-aux gets three slots for a
+    one-slot fc; SpecForge's default ids train exactly the fallback, which is why this hides."""
+
+    name = "zoo:config_ids_ignored"
+    bug_class = "draft config ids ignored; the engine captures its defaults (2, N//2, N-3)"
+    expected_diagnosis_kind = "ids_ignored"
+    hook = "capture_boundaries"
+    issue = "vllm-project/vllm PR #50170; vllm 0.32 v1/worker/gpu/spec_decode/eagle/eagle3_utils.py"
+    convention = "vllm"
+
+    def capture_boundaries(self) -> Sequence[int]:
+        return get_convention(self.convention).default_boundaries(self.num_layers)
+
+
 # -- what lands in a slot (take_state) --------------------------------------------------------
 
 
@@ -138,34 +161,34 @@ class FinalNormed(Mutant):
     the final norm (HF `output_hidden_states[-1]` in transformers 5.19, llama.cpp's id N, the
     "final post-norm hidden state" gpt-oss short-context drafts are fed in sgl-project/sglang
     PR #32334, and the feature EAGLE-1/2 integrations hand over, which retrofitted EAGLE-3
-    paths reuse for the "high" feature). No bundle draft trains boundary N, so the engine's
-    rule applies to the deepest requested boundary: [2,4,5] -> [2,4,normed]."""
+    paths reuse for the "high" feature). Only boundary N is affected: final-aux [2,4,8] ->
+    [2,4,normed]; the other drafts are untouched."""
 
     name = "zoo:final_normed"
-    bug_class = "deepest aux state taken after the final norm"
+    bug_class = "final boundary N taken after the final norm"
     expected_diagnosis_kind = "final_boundary_normed"
     hook = "take_state"
     issue = "sgl-project/sglang PR #32334 (post-norm final state); NickL77/BaldEagle#14"
 
     def take_state(self, boundary: int, states: TargetStates) -> torch.Tensor:
-        return states.final_normed if self.is_deepest(boundary) else states.inputs[boundary]
+        return states.final_normed if boundary == self.num_layers else states.inputs[boundary]
 
 
 class FinalMissing(Mutant):
     """The deepest boundary never captured: the engine captures only inside its layer loop and
     the capture after the loop is missing (vllm-project/vllm PR #46973: deepseek_v2 silently
     dropped the final-layer state; sgl-project/sglang#32226: "did not capture the final
-    boundary"), leaving that slot of the aux buffer zero. No bundle draft trains boundary N, so
-    the rule hits the deepest requested boundary: [2,4,5] -> [2,4,zeros]."""
+    boundary"), leaving that slot of the aux buffer zero. Only boundary N is affected:
+    final-aux [2,4,8] -> [2,4,zeros]; the other drafts are untouched."""
 
     name = "zoo:final_missing"
-    bug_class = "deepest boundary never captured (slot left zero)"
+    bug_class = "final boundary N never captured (slot left zero)"
     expected_diagnosis_kind = "final_boundary_missing"
     hook = "take_state"
     issue = "vllm-project/vllm PR #46973; sgl-project/sglang#32226"
 
     def take_state(self, boundary: int, states: TargetStates) -> torch.Tensor:
-        return self.unwritten(boundary, states) if self.is_deepest(boundary) else states.inputs[boundary]
+        return self.unwritten(boundary, states) if boundary == self.num_layers else states.inputs[boundary]
 
 
 class ResidualMissing(Mutant):
@@ -248,6 +271,28 @@ class FcSkippedOnWidthMatch(Mutant):
         return self.draft.project(aux)
 
 
+class NormBeforeFcFlipped(Mutant):
+    """`norm_before_fc` not honoured: the flag is lost between the checkpoint and the draft
+    model. vllm-project/vllm PR #38111: `update_eagle3()` did not propagate it, so drafts
+    trained with `norm_before_fc: true` (gpt-oss speculators) silently skipped the RMSNorm
+    before fc. The bundle's drafts train without it, so the mutant reads the flag inverted:
+    where training normed, the norm is dropped (the PR's bug); where it did not, a unit-weight
+    RMSNorm runs on the concatenated aux state (an engine defaulting the flag to true, as
+    EAGLE-3.1 ports do for `fc_norm`, NVIDIA/TensorRT-LLM PR #14988). Every draft shows it."""
+
+    name = "zoo:norm_before_fc_flipped"
+    bug_class = "norm_before_fc read inverted: the RMSNorm before fc dropped or added"
+    expected_diagnosis_kind = "fc_wrong"
+    hook = "project"
+    issue = "vllm-project/vllm PR #38111; NVIDIA/TensorRT-LLM PR #14988"
+
+    def project(self, aux: torch.Tensor) -> torch.Tensor:
+        cfg = self.draft.cfg
+        if cfg.norm_before_fc:
+            return self.draft.fc(aux)
+        return self.draft.project(torch.nn.functional.rms_norm(aux, (aux.shape[-1],), eps=cfg.rms_norm_eps))
+
+
 class FcOnRecurrentState(Mutant):
     """fc applied on every draft step, to the draft's own H-wide recurrent state too, where
     training applies it once, to the target's aux states (the fc-once design of EAGLE-3, as
@@ -309,11 +354,13 @@ MUTANTS: dict[str, type[Mutant]] = {cls.name.removeprefix("zoo:"): cls for cls i
     IdsPlusOne,
     EmbeddingDropped,
     VllmIdsUnshifted,
+    ConfigIdsIgnored,
     SlotsDescending,
     FinalNormed,
     FinalMissing,
     ResidualMissing,
     FcSkippedOnWidthMatch,
+    NormBeforeFcFlipped,
     FcOnRecurrentState,
     D2tAbsolute,
     DraftKvNotRolledBack,

@@ -12,7 +12,7 @@ import platform
 import shutil
 import tempfile
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -39,11 +39,30 @@ from harness.models.target import load_target
 
 NUM_DRAFT_TOKENS = 4
 DRAFT_VOCAB_SIZE = 160
-PINNED_PROMPTS = 16
 PINNED_MAX_LEN = 32
 CONTINUATION_LEN = 32
-HELDOUT_PROMPTS = 24
 REGEN_PROMPT_LEN = 16
+
+
+@dataclass(frozen=True)
+class BuildSize:
+    """How much work a build does. `full` is the committed bundle; `smoke` runs every stage
+    of the same code on a sliver of the data, so determinism can be tested in seconds."""
+
+    target_steps: int = 900
+    draft_epochs: int = 4
+    train_sequences: int = 768
+    heldout_sequences: int = 64
+    heldout_prompts: int = 24
+    pinned_prompts: int = 16
+    continuation_len: int = CONTINUATION_LEN
+
+
+BUILD_SIZES: dict[str, BuildSize] = {
+    "full": BuildSize(),
+    "smoke": BuildSize(target_steps=3, draft_epochs=1, train_sequences=16, heldout_sequences=8,
+                       heldout_prompts=2, pinned_prompts=4, continuation_len=4),
+}
 
 
 @dataclass(frozen=True)
@@ -65,6 +84,10 @@ def draft_recipes(num_layers: int) -> list[DraftRecipe]:
         DraftRecipe("embed-first", "embedding-minus-one", (-1, n // 2 - 1, n - 3), (0, n // 2, n - 2)),
         # One aux state: fc input width == hidden width, so "fc skipped on width match" shows.
         DraftRecipe("single-aux", "specforge", (n // 2 - 1,), (n // 2,)),
+        # Last slot is the final boundary N (pre-norm output of the last layer): the only draft
+        # that tells "final boundary never captured" and "final boundary normed" apart from
+        # other bugs, and one whose boundaries differ from vLLM V2's (2, N//2, N-3) fallback.
+        DraftRecipe("final-aux", "specforge", (1, n // 2 - 1, n - 1), (2, n // 2, n)),
     ]
 
 
@@ -78,8 +101,8 @@ def _default_simulator() -> Simulator:
     return simulate_chain
 
 
-def build_bundle(out: str | Path, seed: int = 0, target_steps: int = 900,
-                 draft_epochs: int = 4, log: Callable[[str], None] = print,
+def build_bundle(out: str | Path, seed: int = 0, size: BuildSize = BUILD_SIZES["full"],
+                 log: Callable[[str], None] = print,
                  target_from: Path | None = None, threads: int = 1) -> Path:
     """Build into a temp folder and move it into place only when complete and verified.
 
@@ -87,9 +110,18 @@ def build_bundle(out: str | Path, seed: int = 0, target_steps: int = 900,
     (its `training.json` carries the training figures), to rebuild drafts and tensors
     without minutes of target training. `threads`: torch's intra-op threads, fixed so that
     reductions run in one order (determinism on one machine); 1 also keeps a loaded 2-core
-    machine from thrashing.
+    machine from thrashing. The caller's thread setting is restored afterwards.
     """
-    out = Path(out)
+    before = torch.get_num_threads()
+    try:
+        return _build(Path(out), seed, size, log, target_from, threads)
+    finally:
+        torch.set_num_threads(before)
+
+
+def _build(out: Path, seed: int, size: BuildSize, log: Callable[[str], None],
+           target_from: Path | None, threads: int) -> Path:
+    target_steps = size.target_steps
     torch.set_num_threads(threads)
     torch.manual_seed(seed)
     lang = make_language(seed)
@@ -112,13 +144,13 @@ def build_bundle(out: str | Path, seed: int = 0, target_steps: int = 900,
         num_layers = target.config.num_hidden_layers
         hidden = target.config.hidden_size
         g = torch.Generator().manual_seed(seed + 11)
-        train_seqs = regenerate(target, lang, 768, REGEN_PROMPT_LEN, 64, g)
-        held_seqs = regenerate(target, lang, 64, REGEN_PROMPT_LEN, 64, g)
+        train_seqs = regenerate(target, lang, size.train_sequences, REGEN_PROMPT_LEN, 64, g)
+        held_seqs = regenerate(target, lang, size.heldout_sequences, REGEN_PROMPT_LEN, 64, g)
         d2t, t2d = vocab_mapping(train_seqs, DRAFT_VOCAB_SIZE, lang.vocab_size)
-        held_prompts = sample_batch(lang, HELDOUT_PROMPTS, 24, torch.Generator().manual_seed(seed + 13)).tolist()
-        pinned = _pinned_prompts(lang, seed)
+        held_prompts = sample_batch(lang, size.heldout_prompts, 24, torch.Generator().manual_seed(seed + 13)).tolist()
+        pinned = _pinned_prompts(lang, seed, size.pinned_prompts)
         feats = [target_features(target, p) for p in pinned]
-        tensors = _pinned_target_tensors(target, pinned, feats, hidden, num_layers)
+        tensors = _pinned_target_tensors(target, pinned, feats, size.continuation_len)
         tensors["heldout.ids"] = torch.tensor(held_prompts, dtype=torch.long)
         simulate = _default_simulator()
         drafts_meta: dict[str, Any] = {}
@@ -129,15 +161,17 @@ def build_bundle(out: str | Path, seed: int = 0, target_steps: int = 900,
             log(f"training draft {recipe.name} ids {list(recipe.layer_ids)} "
                 f"(boundaries {list(recipe.boundaries)})")
             dt = train_draft(target, cfg, recipe.boundaries, train_seqs, held_seqs, d2t, t2d,
-                             seed=seed + 100 + i, epochs=draft_epochs, score_from=REGEN_PROMPT_LEN)
+                             seed=seed + 100 + i, epochs=size.draft_epochs, score_from=REGEN_PROMPT_LEN)
             folder = f"draft-{recipe.name}"
             dt.draft.save(tmp / folder)
             draft = Eagle3Draft.load(tmp / folder)
             predicted = predicted_acceptance_length(dt.acc_k, NUM_DRAFT_TOKENS)
-            measured = _measure_acceptance(simulate, target, draft, recipe.boundaries, held_prompts)
+            measured = _measure_acceptance(simulate, target, draft, recipe.boundaries, held_prompts,
+                                           size.continuation_len)
             log(f"  acc_k {[round(a, 3) for a in dt.acc_k]}; acceptance length predicted "
                 f"{predicted:.3f}, measured {measured:.3f} (k={NUM_DRAFT_TOKENS})")
-            tensors.update(_pinned_draft_tensors(recipe, target, draft, pinned, feats, simulate))
+            tensors.update(_pinned_draft_tensors(recipe, target, draft, pinned, feats, simulate,
+                                                 size.continuation_len))
             drafts_meta[recipe.name] = {
                 "folder": folder, "convention": recipe.convention,
                 "layer_ids": list(recipe.layer_ids), "boundaries": list(recipe.boundaries),
@@ -165,9 +199,10 @@ def build_bundle(out: str | Path, seed: int = 0, target_steps: int = 900,
             },
             "drafts": drafts_meta,
             "prompts": {"count": len(pinned), "max_len": PINNED_MAX_LEN,
-                        "continuation_len": CONTINUATION_LEN, "pad_token_id": PAD},
+                        "continuation_len": size.continuation_len, "pad_token_id": PAD},
             "heldout": {"prompts": len(held_prompts), "prompt_len": 24,
-                        "max_new_tokens": CONTINUATION_LEN},
+                        "max_new_tokens": size.continuation_len},
+            "build": asdict(size),
             "threads": threads,
             "target_threads": tt_threads,
             "versions": {"torch": torch.__version__, "transformers": transformers.__version__,
@@ -199,12 +234,12 @@ def _reuse_target(folder: Path, seed: int, steps: int) -> TargetTraining:
                           float(stats["heldout_next_token_accuracy"]))
 
 
-def _pinned_prompts(lang, seed: int) -> list[list[int]]:
+def _pinned_prompts(lang, seed: int, count: int) -> list[list[int]]:
     """Ragged lengths 1..PINNED_MAX_LEN, so every check sees edge lengths and padding."""
     g = torch.Generator().manual_seed(seed + 17)
-    full = sample_batch(lang, PINNED_PROMPTS, PINNED_MAX_LEN, g).tolist()
-    lengths = [1, 2, PINNED_MAX_LEN] + torch.randint(
-        3, PINNED_MAX_LEN, (PINNED_PROMPTS - 3,), generator=g).tolist()
+    full = sample_batch(lang, count, PINNED_MAX_LEN, g).tolist()
+    lengths = ([1, 2, PINNED_MAX_LEN] + torch.randint(
+        3, PINNED_MAX_LEN, (max(0, count - 3),), generator=g).tolist())[:count]
     return [row[:n] for row, n in zip(full, lengths, strict=True)]
 
 
@@ -217,7 +252,7 @@ def _pad(rows: Sequence[torch.Tensor], length: int, fill: float = 0) -> torch.Te
 
 
 @torch.no_grad()
-def _pinned_target_tensors(target, pinned, feats, hidden: int, num_layers: int) -> dict[str, torch.Tensor]:
+def _pinned_target_tensors(target, pinned, feats, continuation_len: int) -> dict[str, torch.Tensor]:
     ids = torch.full((len(pinned), PINNED_MAX_LEN), PAD, dtype=torch.long)
     for i, p in enumerate(pinned):
         ids[i, : len(p)] = torch.tensor(p)
@@ -225,7 +260,7 @@ def _pinned_target_tensors(target, pinned, feats, hidden: int, num_layers: int) 
     for p in pinned:
         x = torch.tensor([p])
         y = target.generate(input_ids=x, attention_mask=torch.ones_like(x), do_sample=False,
-                            max_new_tokens=CONTINUATION_LEN, min_new_tokens=CONTINUATION_LEN,
+                            max_new_tokens=continuation_len, min_new_tokens=continuation_len,
                             pad_token_id=PAD)
         conts.append(y[0, len(p):])
     return {
@@ -240,18 +275,19 @@ def _pinned_target_tensors(target, pinned, feats, hidden: int, num_layers: int) 
 
 @torch.no_grad()
 def _pinned_draft_tensors(recipe: DraftRecipe, target, draft: Eagle3Draft, pinned, feats,
-                          simulate: Simulator) -> dict[str, torch.Tensor]:
+                          simulate: Simulator, continuation_len: int) -> dict[str, torch.Tensor]:
     aux = [aux_features(f, recipe.boundaries) for f in feats]
     fc = [draft.project(a) for a in aux]
     steps = []
     for p, a, f in zip(pinned, aux, feats, strict=True):
+        assert f.logits is not None, "the builder computes features, never reads them"
         labels = f.logits.argmax(-1)
         _, _, preds = ttt_forward(draft, torch.tensor([p]), a[None], labels[None])
         grid = torch.full((len(p), TTT_STEPS), -1, dtype=torch.long)
         for j, pr in enumerate(preds):
             grid[: pr.shape[1], j] = draft.to_target_ids(pr[0])
         steps.append(grid)
-    traces = [simulate(target, draft, p, recipe.boundaries, NUM_DRAFT_TOKENS, CONTINUATION_LEN)[1]
+    traces = [simulate(target, draft, p, recipe.boundaries, NUM_DRAFT_TOKENS, continuation_len)[1]
               for p in pinned]
     width = max(len(t) for t in traces)
     trace = torch.full((len(pinned), width), -1, dtype=torch.long)
@@ -266,10 +302,11 @@ def _pinned_draft_tensors(recipe: DraftRecipe, target, draft: Eagle3Draft, pinne
     }
 
 
-def _measure_acceptance(simulate: Simulator, target, draft, boundaries, prompts) -> float:
+def _measure_acceptance(simulate: Simulator, target, draft, boundaries, prompts,
+                        continuation_len: int) -> float:
     accepted = rounds = 0
     for p in prompts:
-        _, trace = simulate(target, draft, p, boundaries, NUM_DRAFT_TOKENS, CONTINUATION_LEN)
+        _, trace = simulate(target, draft, p, boundaries, NUM_DRAFT_TOKENS, continuation_len)
         accepted += sum(trace)
         rounds += len(trace)
     return 1.0 + accepted / rounds

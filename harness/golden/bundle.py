@@ -197,3 +197,19 @@ def _check_tensors(bundle: Bundle) -> None:
     lengths = t["prompts.lengths"]
     _need(bool((lengths >= 1).all() and (lengths <= max_len).all()),
           f"prompts.lengths out of range 1..{max_len}; rebuild the bundle")
+
+
+def bundle_differences(first: Bundle, second: Bundle) -> list[str]:
+    """What differs between two bundles, file by file and in the recorded figures: the check
+    that a rebuild reproduced a bundle (same seed, same machine, same thread count)."""
+    out: list[str] = []
+    fa, fb = first.manifest["files"], second.manifest["files"]
+    for rel in sorted(set(fa) | set(fb)):
+        if rel not in fa or rel not in fb:
+            out.append(f"{rel}: only in {first.path if rel in fa else second.path}")
+        elif fa[rel] != fb[rel]:
+            out.append(f"{rel}: sha256 {fa[rel][:12]} != {fb[rel][:12]}")
+    for key in ("seed", "threads", "target_threads", "target", "drafts", "prompts", "heldout"):
+        if first.manifest.get(key) != second.manifest.get(key):
+            out.append(f"manifest {key!r} differs")
+    return out

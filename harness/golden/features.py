@@ -18,12 +18,14 @@ class TargetFeatures:
     """Per prompt (unpadded). Shapes: boundaries [N+1, T, H]; final_normed [T, H]
     (boundary N after the final norm); mlp_out [N+1, T, H] where mlp_out[k] is layer k-1's
     MLP/MoE output alone (what an engine that keeps the residual apart captures if it
-    forgets to add it back; mlp_out[0] is the embedding itself); logits [T, V]."""
+    forgets to add it back; mlp_out[0] is the embedding itself); logits [T, V], or None
+    where the features come from a bundle's pinned tensors (they store no logits: ask the
+    Oracle's target instead of reading an empty tensor)."""
 
     boundaries: torch.Tensor
     final_normed: torch.Tensor
     mlp_out: torch.Tensor
-    logits: torch.Tensor
+    logits: torch.Tensor | None
 
     @property
     def num_layers(self) -> int:

@@ -15,7 +15,7 @@ import torch
 from harness.golden.bundle import Bundle, DraftSpec
 from harness.golden.features import TargetFeatures, aux_features, target_features
 from harness.models.draft import Eagle3Draft
-from harness.models.target import load_target
+from harness.models.target import load_target, routing_margins
 
 
 class Oracle:
@@ -23,13 +23,14 @@ class Oracle:
         self.bundle = bundle
         self._cache: dict[tuple[int, ...], TargetFeatures] = {}
         self._drafts: dict[str, Eagle3Draft] = {}
+        self._margins: dict[tuple[int, ...], torch.Tensor] = {}
         for i, prompt in enumerate(bundle.prompts()):
             self._cache[tuple(prompt)] = self._pinned(i, len(prompt))
 
     def _pinned(self, i: int, n: int) -> TargetFeatures:
         t = self.bundle.tensors
         return TargetFeatures(boundaries=t["boundaries"][i, :, :n], final_normed=t["final_normed"][i, :n],
-                              mlp_out=t["mlp_out"][i, :, :n], logits=torch.empty(0))
+                              mlp_out=t["mlp_out"][i, :, :n], logits=None)
 
     @cached_property
     def target(self) -> torch.nn.Module:
@@ -52,6 +53,14 @@ class Oracle:
         if key not in self._cache:
             self._cache[key] = target_features(self.target, key)
         return self._cache[key]
+
+    def routing_margins(self, prompt: Sequence[int]) -> torch.Tensor:
+        """[N+1, T] fp32 router margins before each boundary (see models.target.routing_margins):
+        where a reduced-precision engine may flip an expert and still be conformant."""
+        key = tuple(int(t) for t in prompt)
+        if key not in self._margins:
+            self._margins[key] = routing_margins(self.target, list(key))
+        return self._margins[key]
 
     def aux(self, draft: str, prompt: Sequence[int]) -> torch.Tensor:
         """What training fed fc for this prompt: [T, n*H] in training slot order."""

@@ -93,6 +93,7 @@ def _features(target: torch.nn.Module, seqs: torch.Tensor,
     for row in seqs.tolist():
         f = target_features(target, row)
         aux.append(aux_features(f, boundaries))
+        assert f.logits is not None, "training features are computed, never read from a bundle"
         labels.append(f.logits.argmax(-1))
     return torch.stack(aux), torch.stack(labels)
 

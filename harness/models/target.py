@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
 
 NUM_LAYERS = 8
@@ -108,3 +109,48 @@ def boundary_states(model: torch.nn.Module, input_ids: torch.Tensor,
         for h in handles:
             h.remove()
     return torch.stack(captured, dim=0)
+
+
+def _router_margin(gate: torch.nn.Module, hidden: torch.Tensor) -> torch.Tensor:
+    """Per token: how far grouped top-k routing is from choosing differently, in fp32 score
+    units (the smaller of the group-selection gap and the expert-selection gap). A margin
+    near zero is a tie that reduced-precision hidden states can flip, swapping an expert."""
+    h = hidden.reshape(-1, gate.hidden_dim).float()
+    scores = F.linear(h, gate.weight.float()).sigmoid() + gate.e_score_correction_bias.float()
+    per_group = gate.num_experts // gate.num_group
+    group = scores.view(-1, gate.num_group, per_group).topk(2, dim=-1).values.sum(-1)
+    inf = torch.full((h.shape[0],), float("inf"))
+    if gate.topk_group < gate.num_group:
+        ranked = group.sort(-1, descending=True).values
+        group_gap = ranked[:, gate.topk_group - 1] - ranked[:, gate.topk_group]
+    else:
+        group_gap = inf
+    chosen = torch.zeros_like(group).scatter_(1, group.topk(gate.topk_group, -1).indices, 1).bool()
+    allowed = scores.masked_fill(~chosen.repeat_interleave(per_group, -1), float("-inf"))
+    ranked = allowed.sort(-1, descending=True).values
+    expert_gap = (ranked[:, gate.top_k - 1] - ranked[:, gate.top_k]) if gate.top_k < allowed.shape[-1] else inf
+    return torch.minimum(group_gap, expert_gap.nan_to_num(float("inf")))
+
+
+@torch.no_grad()
+def routing_margins(model: torch.nn.Module, prompt: list[int]) -> torch.Tensor:
+    """[N+1, T]: for boundary b and token t, the smallest router margin over the MoE layers
+    before b (inf where none precedes b). Where it is tiny, a reduced-precision engine may
+    route that token to another expert and legitimately differ from the fp32 boundary."""
+    layers = decoder_layers(model)
+    per_layer: dict[int, torch.Tensor] = {}
+    hooks = [layer.mlp.gate.register_forward_pre_hook(
+        lambda mod, args, k=k: per_layer.__setitem__(k, _router_margin(mod, args[0])))
+        for k, layer in enumerate(layers) if hasattr(layer.mlp, "gate")]
+    try:
+        model(input_ids=torch.tensor([list(prompt)]))
+    finally:
+        for h in hooks:
+            h.remove()
+    out = torch.full((len(layers) + 1, len(prompt)), float("inf"))
+    running = out[0].clone()
+    for b in range(1, len(layers) + 1):
+        if b - 1 in per_layer:
+            running = torch.minimum(running, per_layer[b - 1])
+        out[b] = running
+    return out
