@@ -79,6 +79,12 @@ def explain_shortfall(engine: Engine, oracle: Oracle, draft: str, generation: Ge
         if not verdict.ok:
             assert verdict.diagnosis is not None
             return verdict.diagnosis
+    if golden is None and generation.traces is not None and Capability.GENERATE in engine.capabilities:
+        # held-out prompts have no golden trace: judge the draft loop on the pinned ones, where
+        # training's per-round trace is stored (seconds, and only once a check has failed)
+        generation = engine.generate(prompts, int(oracle.bundle.manifest["prompts"]["continuation_len"]),
+                                     True)
+        golden = golden_traces(oracle, draft)
     if generation.traces is not None and golden is not None:
         first_same = all(e[:1] == g[:1] for e, g in zip(generation.traces, golden, strict=True))
         if first_same:

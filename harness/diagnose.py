@@ -291,11 +291,11 @@ def _classify(slots: list[SlotMatch], train: list[int], n: int) -> tuple[str, in
         shifts = {f - t for f, t in zip(ints, train, strict=True)}
         if len(shifts) == 1:
             return "offset", shifts.pop(), first_bad
-        # the "-1 = embedding" style: an engine that honours -1 but shifts every real id
-        past_embedding = {f - t for f, t in zip(ints, train, strict=True) if not f == t == 0}
-        if len(past_embedding) == 1 and 0 in train and train.index(0) == ints.index(0) \
-                and 0 not in past_embedding:
-            return "offset", past_embedding.pop(), first_bad
+        # a shift that cannot move an endpoint: "-1 = embedding" honoured while every real id
+        # shifts, or a +1 that stops at the last layer's output (no boundary beyond N)
+        inner = {f - t for f, t in zip(ints, train, strict=True) if not (f == t and t in (0, n))}
+        if len(inner) == 1 and 0 not in inner:
+            return "offset", inner.pop(), first_bad
     if 0 in train and 0 not in found:
         return "embedding_missing", None, train.index(0) if train.index(0) < len(slots) else first_bad
     if n in train and n not in found:
@@ -442,10 +442,13 @@ def _message(kind: str, offset: int | None, at: int | None, slots: list[SlotMatc
     if kind == "offset":
         assert offset is not None
         later = "later" if offset > 0 else "earlier"
-        kept = 0 in train and 0 in [s.found for s in slots]
-        cause = (f"offset {offset:+d} — every slot{' past the embedding' if kept else ''} is "
-                 f"{abs(offset)} boundar{'y' if abs(offset) == 1 else 'ies'} {later} than training")
-        if 0 in train and not kept:
+        names = {0: "the embedding", n: "the final boundary"}
+        held = {t: s.found for t, s in zip(train, slots, strict=False)}
+        kept = [e for e in names if held.get(e) == e]
+        cause = (f"offset {offset:+d} — every slot"
+                 + (f" but {' and '.join(names[e] for e in kept)}" if kept else "")
+                 + f" is {abs(offset)} boundar{'y' if abs(offset) == 1 else 'ies'} {later} than training")
+        if 0 in train and 0 not in kept:
             cause += ", and the embedding is lost with it"
     else:
         cause = _CAUSE[kind]

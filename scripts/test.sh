@@ -9,5 +9,8 @@ python -m pip install -q -e ".[dev,vllm]" torch==2.13.0
 # import beside torch 2.13 CPU, and transformers would import them.
 python -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
 ruff check harness suites tests conftest.py benchmarks
-python -m pytest -q -rs tests suites --engine reference --report-dir reports/reference
+# Unit tests apart from the suites: an adapter's own tests use the suite fixtures and would
+# otherwise be recorded as checks of the reference engine.
+python -m pytest -q -rs tests
+python -m pytest -q -rs suites --engine reference --report-dir reports/reference
 python -m pytest -q -rs suites --engine vllm --report-dir reports/vllm

@@ -292,5 +292,14 @@ def test_offset_past_a_kept_embedding(golden):
     d = diagnose_capture(_engine(golden, [0, 3, 5]), golden, EMBED_FIRST, engine_convention="embedding-minus-one",
                          config_ids=[-1, 3, 5])
     assert d.kind == "offset" and d.offset == -1 and d.suggested_layer_ids == [-1, 3, 5]
-    assert "every slot past the embedding is 1 boundary earlier" in d.message
+    assert "every slot but the embedding is 1 boundary earlier" in d.message
     assert "embedding is lost" not in d.message
+
+
+def test_offset_stopped_at_the_final_boundary(golden):
+    """A +1 engine on a draft trained on [2, 4, N]: the last id has no boundary beyond N, so
+    that slot keeps b = N while the others shift. Still one cause, with the right fix."""
+    d = diagnose_capture(_engine(golden, [3, 5, N]), golden, [2, 4, N], engine_convention="sglang",
+                         config_ids=[1, 3, 7])
+    assert d.kind == "offset" and d.offset == 1
+    assert "every slot but the final boundary is 1 boundary later" in d.message
