@@ -47,9 +47,6 @@ class Mutant(ReferenceEngine):
         capture before the embedding or after the last layer."""
         return tuple(min(max(b + k, 0), self.num_layers) for b in self.trained_boundaries())
 
-    def is_deepest(self, boundary: int) -> bool:
-        return boundary == max(self.boundaries)
-
     def unwritten(self, boundary: int, states: TargetStates) -> torch.Tensor:
         """A slot the engine never writes: its preallocated aux buffer keeps zeros (the
         TensorRT-LLM layout; an engine that concatenates a list crashes on the width instead,
