@@ -17,6 +17,7 @@ from harness.diagnose import (
     diagnose_capture,
     nearest_labels,
     outlier_budget_for,
+    relative_errors,
     routing_noise_for,
     rtol_for,
     worst_tokens,
@@ -63,9 +64,8 @@ def _off_tokens(features: Sequence[torch.Tensor], golden: Sequence[TargetFeature
         off = torch.zeros(x.shape[0], dtype=torch.bool)
         explained = torch.ones(x.shape[0], dtype=torch.bool)
         for s, b in enumerate(training_boundaries):
-            chunk = x[:, s * hidden:(s + 1) * hidden].float()
-            ref = g.boundaries[b].float()
-            err = (chunk - ref).norm(dim=-1) / ref.norm(dim=-1).clamp_min(1e-12)
+            chunk = x[:, s * hidden:(s + 1) * hidden]
+            err = relative_errors(chunk, g.boundaries[b])
             worst = max(worst, float(err.max())) if err.numel() else worst
             bad = err > rtol
             if not bad.any():

@@ -155,6 +155,13 @@ class Diagnosis:
 # -- fingerprinting ---------------------------------------------------------------------------
 
 
+def relative_errors(x: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
+    """Per token (last dim reduced), |x - ref| / |ref| in fp32: the one error measure every
+    capture and fc comparison uses. Broadcasts, so x [T, H] against ref [C, T, H] gives [C, T]."""
+    ref = ref.float()
+    return (x.float() - ref).norm(dim=-1) / ref.norm(dim=-1).clamp_min(1e-12)
+
+
 def _candidates(golden: TargetFeatures) -> tuple[list[Label], torch.Tensor]:
     """Every state an engine could plausibly hand the draft, stacked [C, T, H]."""
     n = golden.num_layers
@@ -168,8 +175,7 @@ def nearest_labels(chunk: torch.Tensor, golden: TargetFeatures) -> list[Label]:
     """Per token, the golden state ([T, H] chunk of one slot) lies closest to, by relative
     error: what the engine's state is still recognisable as when it is beyond tolerance."""
     labels, states = _candidates(golden)
-    err = (chunk.float()[None] - states).norm(dim=-1) / states.norm(dim=-1).clamp_min(1e-12)
-    return [labels[int(i)] for i in err.argmin(dim=0)]
+    return [labels[int(i)] for i in relative_errors(chunk[None], states).argmin(dim=0)]
 
 
 def _match_slot(slot: int, chunks: list[torch.Tensor], golden: Sequence[TargetFeatures],
@@ -179,8 +185,7 @@ def _match_slot(slot: int, chunks: list[torch.Tensor], golden: Sequence[TargetFe
     diff_sq = ref_sq = dot = x_sq = 0.0
     for x, gold in zip(chunks, golden, strict=True):
         labels, states = _candidates(gold)
-        ref_norm = states.norm(dim=-1)  # [C, T]
-        err = (x[None] - states).norm(dim=-1) / ref_norm.clamp_min(1e-12)
+        err = relative_errors(x[None], states)  # [C, T]
         x_norm = x.norm(dim=-1)
         tiny = 1e-6 * gold.boundaries.norm(dim=-1).mean(0)  # [T]: "zero" at this token's scale
         is_zero = x_norm <= tiny
@@ -470,7 +475,7 @@ def worst_tokens(features: Sequence[torch.Tensor], golden: Sequence[torch.Tensor
     bad = total = 0
     worst = 0.0
     for x, ref in zip(features, golden, strict=True):
-        err = (x.float() - ref.float()).norm(dim=-1) / ref.float().norm(dim=-1).clamp_min(1e-12)
+        err = relative_errors(x, ref)
         bad += int((err > rtol).sum())
         total += err.numel()
         worst = max(worst, float(err.max())) if err.numel() else worst

@@ -203,9 +203,8 @@ class VllmEngine(Engine):
                               f"worker is not restarted for this draft again)",
                               draft_dir=self.draft_dir)
         try:
-            result = self._call(self._spec(), op, *args)
+            result = self._call(self._spec(), op, *args, draft_dir=self.draft_dir)
         except EngineCrash as crash:
-            crash.diagnoses = EngineCrash._diagnose(str(crash), self.draft_dir)
             cause = re.sub(r"\d+", "#", str(crash).split(": ", 1)[-1])
             if cause == self._last_failure:
                 self._final_failure = str(crash)
@@ -215,11 +214,13 @@ class VllmEngine(Engine):
         return result
 
     @staticmethod
-    def _call(handle: WorkerHandle, op: str, *args: Any) -> Any:
+    def _call(handle: WorkerHandle, op: str, *args: Any, draft_dir: Path | None = None) -> Any:
+        """`draft_dir`: the served draft, whose config lets the crash be diagnosed."""
         try:
             return handle.call(op, *args)
         except WorkerError as e:
-            raise EngineCrash(f"vLLM failed during {op}: {e}", log_tail=e.log_tail) from None
+            raise EngineCrash(f"vLLM failed during {op}: {e}", log_tail=e.log_tail,
+                              draft_dir=draft_dir) from None
 
 
 def _read_capture(path: Path) -> Capture:
