@@ -20,11 +20,13 @@ from harness.diagnose import (
     relative_errors,
     routing_noise_for,
     rtol_for,
+    throughput_diagnosis,
     worst_tokens,
 )
 from harness.engines.base import Capability, Engine
 from harness.golden.features import TargetFeatures
 from harness.report import ConformanceFailure
+from harness.throughput import SpeedupFinding
 
 __all__ = ["ConformanceFailure", "assert_capture_matches", "divergence", "require", "worst_tokens"]
 
@@ -148,3 +150,18 @@ def divergence(oracle, prompt: Sequence[int], got: Sequence[int], want: Sequence
         return True, None
     return False, (f"prompt {list(prompt)}: token {j} is {got[j]} vs {want[j]} (fp32 top-2 margin "
                    f"{margin:.3g} > near-tie noise {noise:g} for {dtype})")
+
+
+def assert_speedup_consistent(finding: SpeedupFinding, *, engine_name: str, draft: str,
+                              prompts: Sequence[Sequence[int]], check: str) -> None:
+    """Speculation delivers the speedup its measured acceptance and per-step costs promise
+    (harness.throughput.judge_speedup decides the numbers; this words and raises)."""
+    if finding.failure is None:
+        return
+    diag = throughput_diagnosis(finding.failure, finding.dominant,
+                                measured_speedup=finding.measured,
+                                predicted_speedup=finding.predicted,
+                                acceptance_length=finding.acceptance_length,
+                                dominant_share=finding.dominant_share)
+    raise ConformanceFailure(f"{diag.message}\n{reproducer(engine_name, draft, prompts, check)}",
+                             [diag])

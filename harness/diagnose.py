@@ -34,12 +34,13 @@ from harness.boundaries import (
 from harness.golden.features import TargetFeatures
 
 CRASH_KINDS = ("engine_crash",)
+THROUGHPUT_KINDS = ("speculation_overhead",)
 CAPTURE_KINDS = ("ok", "offset", "embedding_missing", "order_permuted", "final_boundary_normed",
                  "final_boundary_missing", "residual_missing", "stale_or_skipped", "ids_ignored",
                  "unknown")
 FC_KINDS = ("fc_skipped", "fc_wrong", "fc_on_recurrent_state", "d2t_absolute",
             "draft_kv_not_rolled_back")
-KINDS = CAPTURE_KINDS + FC_KINDS + CRASH_KINDS
+KINDS = CAPTURE_KINDS + FC_KINDS + CRASH_KINDS + THROUGHPUT_KINDS
 
 # Relative per-token L2 error at which a state counts as "the same": loose enough for an
 # engine computing the whole target in that dtype, far below the distance between adjacent
@@ -617,3 +618,19 @@ def crash_diagnosis(message: str, config_ids: Sequence[int], target_hidden: int)
                 suggested_layer_ids=None, details={"fed_slots": fed, "fc_slots": want})
     return Diagnosis(kind="engine_crash", message=f"the engine failed serving this draft: {first}",
                      engine_boundaries=[], training_boundaries=[], suggested_layer_ids=None)
+
+
+def throughput_diagnosis(failure: str, dominant: str, **details: Any) -> Diagnosis:
+    """Speculation that does not pay what its acceptance and kernels promise: the wiring may
+    be right (the capture and acceptance checks say), the serving loop is not."""
+    fix = {"serving_loop": "cut the per-round host work: CUDA graphs for the draft steps, no "
+                           "host sync between draft and verify, batched cache bookkeeping",
+           "verify": "the target's verify forward of k + 1 tokens costs too much against a "
+                     "plain step: a kernel that does not batch the k + 1 tokens, or k too large",
+           "draft_steps": "the draft steps cost too much against a target step: an unfused or "
+                          "uncompiled draft, or k too large for this draft",
+           "draft_feed": "re-feeding the accepted positions to the draft costs too much"}[dominant]
+    return Diagnosis(kind="speculation_overhead",
+                     message=f"{failure}; root cause: speculation overhead — {fix}.",
+                     engine_boundaries=[], training_boundaries=[], suggested_layer_ids=None,
+                     details={"dominant_cost": dominant, **details})

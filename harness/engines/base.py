@@ -18,6 +18,8 @@ from typing import ClassVar
 
 import torch
 
+from harness.throughput import StepCosts
+
 
 class Capability(str, enum.Enum):
     CAPTURE = "capture"  # features handed to the draft (concatenated aux states)
@@ -147,6 +149,12 @@ class Engine(abc.ABC):
     def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int,
                  speculative: bool) -> Generation:
         raise NotImplementedError(f"{self.name} cannot generate")
+
+    def step_costs(self, prompt: Sequence[int], acceptance_length: float) -> StepCosts | None:
+        """Seconds per plain step, verify of k + 1 tokens, draft step and draft feed on this
+        engine's kernels at prefix `prompt` (see harness.throughput), or None where the
+        engine does not expose its steps; the cost-model gate then skips with that reason."""
+        return None
 
     def close(self) -> None:  # noqa: B027 - most engines need no explicit teardown
         """Free the engine; later calls may fail."""

@@ -26,8 +26,10 @@ from harness.engines.base import (
     Generation,
 )
 from harness.engines.speculative import Eagle3Runtime
+from harness.engines.step_costs import measure_step_costs
 from harness.models.draft import Eagle3Draft
 from harness.models.target import load_target
+from harness.throughput import StepCosts
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -109,6 +111,9 @@ class ReferenceEngine(Eagle3Runtime, Engine):
         return Generation(tokens=[r.tokens for r in results], acceptance=total,
                           per_prompt_acceptance=per_prompt, traces=[r.trace for r in results],
                           proposed=[r.proposed for r in results])
+
+    def step_costs(self, prompt: Sequence[int], acceptance_length: float) -> StepCosts:
+        return measure_step_costs(self, prompt, self.options.num_draft_tokens, acceptance_length)
 
     def close(self) -> None:
         self.close_runtime()

@@ -17,6 +17,7 @@ Resolved by `harness.registry` as `zoo:<key>` with <key> a key of `MUTANTS`.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import ClassVar
 
@@ -37,6 +38,9 @@ class Mutant(ReferenceEngine):
     expected_diagnosis_kind: ClassVar[str]  # a key of harness.diagnose.KINDS
     hook: ClassVar[str]  # the one Eagle3Runtime hook the mutant overrides
     issue: ClassVar[str]  # the public report(s) of the bug, also cited in the docstring
+    # what the bug changes: "wiring" (what the draft sees or proposes) or "throughput" (only
+    # how long speculation takes; tests/test_zoo.py checks each kind its own way)
+    observable: ClassVar[str] = "wiring"
 
     def trained_boundaries(self) -> tuple[int, ...]:
         """What training put in each slot: the reference's reading of the ids."""
@@ -346,6 +350,45 @@ class DraftKvNotRolledBack(Mutant):
         return None
 
 
+# -- throughput: the serving loop around correct wiring -------------------------------------
+
+
+class ServingLoopStall(Mutant):
+    """Correct wiring, full acceptance, and speculation that does not pay: each verify round
+    costs its kernels plus twice as much again in the serving loop (host syncs, per-round
+    scheduling, drafting without CUDA graphs). sgl-project/sglang PR #4247 measured EAGLE-3 at
+    276 tok/s without CUDA graphs against 378 with; sgl-project/sglang#6949 saw 59 tok/s with
+    EAGLE against 61 without at an acceptance it called fine; the motivating deployment of
+    DESIGN.md served 54.8 tok/s against 90 without speculation."""
+
+    name = "zoo:serving_loop_stall"
+    bug_class = "verify rounds cost three times their kernels (serving-loop overhead)"
+    expected_diagnosis_kind = "speculation_overhead"
+    hook = "rollback"
+    issue = "sgl-project/sglang PR #4247; sgl-project/sglang#6949"
+    observable = "throughput"
+    factor: ClassVar[float] = 3.0  # a round lasts this many times its own work
+
+    def rollback(self, kv: DraftKV, length: int) -> None:
+        """The rollback closes a round: stall there for (factor - 1) x the round just done."""
+        super().rollback(kv, length)
+        now = time.perf_counter()
+        last = self.__dict__.get("_round_end")
+        if last is not None and now - last < 1.0:  # within one decode, not across calls
+            time.sleep((self.factor - 1) * (now - last))
+        self.__dict__["_round_end"] = time.perf_counter()
+
+
+class Slowdown20(ServingLoopStall):
+    """A regression, not a nonconformance: every verify round 20% slower. Not in MUTANTS (no
+    conformance check has a baseline to see it); benchmarks/gate_soundness.py serves it by
+    dotted path (`harness.engines.zoo:Slowdown20`) to show the regression gate catches it."""
+
+    name = "harness.engines.zoo:Slowdown20"
+    bug_class = "every verify round 20% slower than the baseline"
+    factor = 1.2
+
+
 MUTANTS: dict[str, type[Mutant]] = {cls.name.removeprefix("zoo:"): cls for cls in (
     IdsMinusOne,
     IdsPlusOne,
@@ -362,5 +405,6 @@ MUTANTS: dict[str, type[Mutant]] = {cls.name.removeprefix("zoo:"): cls for cls i
     D2tAbsolute,
     DraftKvNotRolledBack,
     MoeCaptureSkipped,
+    ServingLoopStall,
 )}
 
