@@ -15,6 +15,7 @@ after a warm-up round, with the device synchronised before and after each round.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -28,7 +29,9 @@ from harness.engines.step_costs import synchronizer
 from harness.golden.oracle import Oracle
 from harness.throughput import judge_speedup
 
-ROUNDS = 3  # timed rounds per mode after one warm-up round
+# timed rounds per mode after one warm-up round (EAGLE3_THROUGHPUT_ROUNDS: more for a
+# baseline that must be tight, e.g. benchmarks/gate_soundness.py)
+ROUNDS = int(os.environ.get("EAGLE3_THROUGHPUT_ROUNDS", "3"))
 NEW_TOKENS = 24
 WORKLOAD_PROMPTS = 4  # the longest pinned prompts: a fixed, bundle-defined workload
 
