@@ -51,7 +51,7 @@ def _pytest(engine: str, storage: Path, reports: Path, args: argparse.Namespace,
         "-k", "test_throughput_speculative", "--engine", engine, "--draft", args.draft,
         "--device", args.device, "--dtype", args.dtype, "--report-dir", str(reports),
         f"--benchmark-storage=file://{storage}", "--benchmark-columns=min,mean,stddev,rounds",
-        *extra]))
+        "--benchmark-disable-gc", *extra]))
 
 
 def main() -> int:
@@ -62,7 +62,10 @@ def main() -> int:
     ap.add_argument("--comparisons", type=int, default=20)
     ap.add_argument("--threshold", type=float, default=10.0,
                     help="percent by which the minimum may grow before the gate fails")
-    ap.add_argument("--rounds", type=int, default=5, help="timed rounds per benchmark")
+    ap.add_argument("--rounds", type=int, default=10, help="timed rounds per benchmark")
+    ap.add_argument("--burn-in", type=int, default=2,
+                    help="unsaved sessions before the baseline: the first sessions on a machine "
+                         "run slow (clocks, caches) and would make a baseline nothing matches")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     os.environ["EAGLE3_THROUGHPUT_ROUNDS"] = str(args.rounds)
@@ -72,6 +75,8 @@ def main() -> int:
     with tempfile.TemporaryDirectory(dir=Path.cwd(), prefix=".gate_soundness_") as tmp:
         storage, reports = Path(tmp) / "storage", Path(tmp) / "reports"
         t0 = time.perf_counter()
+        for _ in range(args.burn_in):
+            _session("reference", storage, reports, args, [])
         if _session("reference", storage, reports, args, ["--benchmark-save=baseline"]) != 0:
             print("error: the baseline run failed; see its output above", file=sys.stderr)
             return 2
@@ -80,7 +85,7 @@ def main() -> int:
         slowed = [_session(SLOW, storage, reports, args, gate) for _ in range(args.comparisons)]
         wall = time.perf_counter() - t0
     figures = {"device": args.device, "dtype": args.dtype, "draft": args.draft,
-               "threshold_pct": args.threshold, "rounds": args.rounds,
+               "threshold_pct": args.threshold, "rounds": args.rounds, "burn_in": args.burn_in,
                "comparisons": args.comparisons,
                "false_failures": sum(code != 0 for code in unchanged),
                "slowdown_caught": sum(code == REGRESSED for code in slowed),
