@@ -16,15 +16,13 @@ from harness.diagnose import (
     Diagnosis,
     diagnose_capture,
     nearest_labels,
-    outlier_budget_for,
     relative_errors,
-    routing_noise_for,
-    rtol_for,
     worst_tokens,
 )
 from harness.engines.base import Capability, Engine
 from harness.golden.features import TargetFeatures
 from harness.report import ConformanceFailure
+from harness.tolerances import tolerance_for, tolerance_text
 
 __all__ = ["ConformanceFailure", "assert_capture_matches", "divergence", "require", "worst_tokens"]
 
@@ -33,17 +31,6 @@ def require(engine: Engine, capability: Capability) -> None:
     """Skip, with the reason printed, what this engine cannot do."""
     if capability not in engine.capabilities:
         pytest.skip(f"{engine.name} does not declare the {capability.value!r} capability")
-
-
-def tolerance_text(dtype: str) -> str:
-    rtol, budget, noise = rtol_for(dtype), outlier_budget_for(dtype), routing_noise_for(dtype)
-    if dtype == "float32":
-        return (f"per-token relative L2 error <= {rtol:g} on every token (fp32 engines match the "
-                f"fp32 training reference up to summation order)")
-    return (f"per-token relative L2 error <= {rtol:g}; a token whose fp32 router margin before "
-            f"that boundary is <= {noise:g} is excused ({dtype} may flip a near-tie routing); "
-            f"of the rest up to {budget:.0%} of tokens per slot beyond it, whole-slot error "
-            f"<= {rtol:g} ({dtype} rounding through {{layers}} layers)")
 
 
 def _off_tokens(features: Sequence[torch.Tensor], golden: Sequence[TargetFeatures],
@@ -102,29 +89,26 @@ def assert_capture_matches(*, features: Sequence[torch.Tensor], golden: Sequence
     hidden = golden[0].boundaries.shape[-1]
     expected_width = len(training_boundaries) * hidden
     widths = {int(x.shape[-1]) for x in features}
-    rtol = rtol_for(dtype)
+    tol = tolerance_for(dtype)
+    rtol = tol.rtol
     diag = diagnose_capture(features, golden, training_boundaries, engine_convention=engine_convention,
-                            config_ids=config_ids, rtol=rtol, outlier_budget=outlier_budget_for(dtype))
+                            config_ids=config_ids, rtol=rtol, outlier_budget=tol.outlier_budget)
     if widths != {expected_width}:
         raise ConformanceFailure(
             f"the engine handed the draft {sorted(widths)}-wide features, training fed fc "
             f"{expected_width} = {len(training_boundaries)} aux states x {hidden}; "
             f"{diag.message}\n{reproducer(engine_name, draft, prompts, check)}", [diag])
     off, excused, total, worst = _off_tokens(features, golden, training_boundaries, rtol, margins,
-                                             routing_noise_for(dtype))
+                                             tol.routing_noise)
     unexcused = off - excused
-    if unexcused and diag.kind != "ok" or unexcused > outlier_budget_for(dtype) * total:
-        tol = tolerance_text(dtype).format(layers=golden[0].num_layers)
+    if unexcused and diag.kind != "ok" or unexcused > tol.outlier_budget * total:
         raise ConformanceFailure(
             f"aux features differ from training on {unexcused}/{total} tokens"
             + (f" ({excused} more excused as routing near-ties)" if excused else "")
-            + f" (worst relative error {worst:.3g}; tolerance: {tol}). {diag.message}\n"
+            + f" (worst relative error {worst:.3g}; tolerance: "
+            f"{tolerance_text(dtype, golden[0].num_layers)}). {diag.message}\n"
             f"{reproducer(engine_name, draft, prompts, check)}", [diag])
     return diag
-
-
-# fp32 logit gap a near-tie must fall within to excuse a flipped greedy token, per dtype.
-NEAR_TIE = {"float32": 1e-3, "float16": 0.1, "bfloat16": 0.25}
 
 
 def first_divergence(a: Sequence[int], b: Sequence[int]) -> int | None:
@@ -142,7 +126,7 @@ def divergence(oracle, prompt: Sequence[int], got: Sequence[int], want: Sequence
         return False, None
     if j >= min(len(got), len(want)):
         return False, f"prompt {list(prompt)}: lengths differ ({len(got)} vs {len(want)} tokens)"
-    noise = NEAR_TIE.get(dtype, 0.25)
+    noise = tolerance_for(dtype).near_tie
     margin = oracle.top2_margin(list(prompt) + list(want[:j]))
     if margin <= noise:
         return True, None

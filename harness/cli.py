@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from harness.report import clear_reports, render_conformance_table, verdict_line, write_atomic
+from harness.tolerances import DTYPES
 
 PROG = "eagle3-conformance"
 DEBUG_ENV = "EAGLE3_CONFORMANCE_DEBUG"
@@ -305,7 +306,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--bundle", help="golden bundle folder (default: golden/tiny-dsv3)")
     run.add_argument("--report-dir", help="where the reports go (default: reports/<engine>)")
     run.add_argument("--draft", action="append", help="only this draft (repeatable)")
-    run.add_argument("--dtype", choices=("float32", "bfloat16", "float16"))
+    run.add_argument("--dtype", choices=DTYPES)
     run.add_argument("--device", default="cpu")
     run.add_argument("--num-draft-tokens", type=int, default=4)
     run.add_argument("--profile", choices=("dev", "ci", "nightly"),

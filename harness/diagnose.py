@@ -32,6 +32,7 @@ from harness.boundaries import (
     short_boundary,
 )
 from harness.golden.features import TargetFeatures
+from harness.tolerances import rtol_for
 
 CRASH_KINDS = ("engine_crash",)
 CAPTURE_KINDS = ("ok", "offset", "embedding_missing", "order_permuted", "final_boundary_normed",
@@ -41,43 +42,8 @@ FC_KINDS = ("fc_skipped", "fc_wrong", "fc_on_recurrent_state", "d2t_absolute",
             "draft_kv_not_rolled_back")
 KINDS = CAPTURE_KINDS + FC_KINDS + CRASH_KINDS
 
-# Relative per-token L2 error at which a state counts as "the same": loose enough for an
-# engine computing the whole target in that dtype, far below the distance between adjacent
-# boundaries (> 0.3 relative on the tiny target).
-RTOL = {"float32": 1e-3, "float16": 2e-2, "bfloat16": 5e-2}
-
 FINAL_NORMED = "final_normed"
 ZERO = "zero"
-
-
-# Share of tokens per slot allowed beyond rtol in reduced precision: bf16 rounding flips MoE
-# routing near ties at a few tokens (seen on an H200: 4-5 of 265 tokens, relative error up to
-# 0.4), while a real wiring bug moves whole slots or whole positions. fp32 allows none.
-OUTLIER_BUDGET = {"float32": 0.0, "float16": 0.03, "bfloat16": 0.03}
-
-
-# fp32 router margin (score units, see harness.models.target.routing_margins) below which a
-# token's routing counts as a near-tie for the dtype: bf16 hidden states carry ~1% relative
-# error by the middle layers, which moves sigmoid router scores by up to ~5e-3; the bound is
-# twice that. fp16 has 3 more mantissa bits. fp32 excuses nothing. Seen on an H200: prompt
-# [18] routes with margin 1.7e-3 at layer 1, and bf16 flipped it (relative error 0.12).
-ROUTING_NOISE = {"float32": 0.0, "float16": 1.25e-3, "bfloat16": 1e-2}
-
-
-def routing_noise_for(dtype: str | torch.dtype) -> float:
-    return ROUTING_NOISE.get(str(dtype).removeprefix("torch."), 0.0)
-
-
-def outlier_budget_for(dtype: str | torch.dtype) -> float:
-    return OUTLIER_BUDGET.get(str(dtype).removeprefix("torch."), 0.0)
-
-
-def rtol_for(dtype: str | torch.dtype) -> float:
-    name = str(dtype).removeprefix("torch.")
-    try:
-        return RTOL[name]
-    except KeyError:
-        raise ValueError(f"no tolerance for dtype {name!r}; use one of {sorted(RTOL)}") from None
 
 
 def mlp_label(k: int) -> str:
@@ -103,7 +69,7 @@ class SlotMatch:
     cosine: float  # whole-slot cosine against the expected boundary
     telling_hits: int = 0  # tokens matching the expected boundary where it is not ~zero
     token_labels: Counter[Label] = field(default_factory=Counter, repr=False)
-    tolerated: bool = False  # within the dtype's outlier budget (see OUTLIER_BUDGET)
+    tolerated: bool = False  # within the dtype's outlier budget (harness.tolerances)
 
     @property
     def exact(self) -> bool:
@@ -368,7 +334,7 @@ def diagnose_capture(
     *,
     engine_convention: str | None = None,
     config_ids: Sequence[int] | None = None,
-    rtol: float = RTOL["float32"],
+    rtol: float = rtol_for("float32"),
     outlier_budget: float = 0.0,
 ) -> Diagnosis:
     """Name the root cause of an aux-feature mismatch.

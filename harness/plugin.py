@@ -33,9 +33,9 @@ from harness.report import (
     verdict_line,
     write_reports,
 )
+from harness.tolerances import DTYPES
 
 PLUGIN_FIXTURES = frozenset({"bundle", "draft_name", "engine", "engine_class", "report"})
-DTYPES = ("float32", "bfloat16", "float16")
 JUNIT_PARTIAL = ".junit.xml.partial"
 
 

@@ -5,8 +5,6 @@ Both numbers are printed and land in report.json whatever the outcome."""
 from __future__ import annotations
 
 from harness.acceptance import (
-    PREDICTION_MARGIN,
-    TRACE_TOLERANCE,
     acceptance_from_traces,
     explain_shortfall,
     golden_traces,
@@ -15,6 +13,7 @@ from harness.acceptance import (
 from harness.assertions import ConformanceFailure, require
 from harness.engines.base import Capability, Engine
 from harness.golden.oracle import Oracle
+from harness.tolerances import tolerance_for
 
 
 def _new_tokens(oracle: Oracle) -> int:
@@ -51,7 +50,7 @@ def test_acceptance_matches_golden_trace(engine: Engine, oracle: Oracle, draft_n
                 f"per-round acceptance differs from the golden trace on {len(diffs)}/{len(golden)} "
                 f"pinned prompts (fp32 must match exactly); first: prompt {i} round {r}: engine "
                 f"{gen.traces[i][:r + 1]} vs golden {golden[i][:r + 1]}. {diag.message}", [diag])
-    tol = TRACE_TOLERANCE.get(engine.options.dtype, 0.15)
+    tol = tolerance_for(engine.options.dtype).trace
     gap = abs(measured.mean_acceptance_length - expected.mean_acceptance_length)
     if gap > tol * expected.mean_acceptance_length:
         diag = explain_shortfall(engine, oracle, draft_name, gen, golden)
@@ -76,7 +75,7 @@ def test_acceptance_meets_training_prediction(engine: Engine, oracle: Oracle, dr
     report.metric(draft_name, "heldout_acceptance_length", round(measured.mean_acceptance_length, 4))
     report.metric(draft_name, "predicted_acceptance_length", round(predicted, 4))
     report.metric(draft_name, "training_measured_acceptance_length", spec.measured_acceptance_length)
-    margin = PREDICTION_MARGIN.get(engine.options.dtype, 0.2)
+    margin = tolerance_for(engine.options.dtype).prediction_margin
     if measured.mean_acceptance_length < predicted * (1 - margin):
         diag = explain_shortfall(engine, oracle, draft_name, gen, None)
         raise ConformanceFailure(

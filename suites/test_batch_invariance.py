@@ -8,10 +8,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from harness.assertions import ConformanceFailure, divergence, require, worst_tokens
-from harness.diagnose import rtol_for
 from harness.engines.base import Capability, Engine
 from harness.golden.oracle import Oracle
 from harness.strategies import BatchShape, batch_shapes
+from harness.tolerances import rtol_for
 
 
 def _batch(oracle: Oracle, shape: BatchShape, probe: list[int]) -> list[list[int]]:

@@ -6,9 +6,10 @@ from __future__ import annotations
 import pytest
 
 from harness.assertions import ConformanceFailure, reproducer, require
-from harness.diagnose import judge_fc, rtol_for
+from harness.diagnose import judge_fc
 from harness.engines.base import Capability, Engine
 from harness.golden.oracle import Oracle
+from harness.tolerances import rtol_for
 
 
 def test_fc_output_matches_training(engine: Engine, oracle: Oracle, draft_name: str) -> None:

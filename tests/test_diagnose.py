@@ -20,10 +20,10 @@ from harness.diagnose import (
     fc_output_is_raw_input,
     fc_skipped_diagnosis,
     judge_fc,
-    rtol_for,
 )
 from harness.golden.features import TargetFeatures, aux_features, target_features
 from harness.models.target import build_target, target_config_dict
+from harness.tolerances import rtol_for
 
 N = 8
 SPECFORGE = [2, 4, 5]  # SpecForge default ids [1, 3, 4]
