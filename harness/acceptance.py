@@ -10,12 +10,10 @@ from collections.abc import Sequence
 
 import torch
 
-from harness.diagnose import (
-    Diagnosis,
-    diagnose_capture,
-    fc_diagnosis,
-    judge_fc,
-)
+from harness.assertions import judge_fc
+from harness.diagnosis.capture import diagnose_capture
+from harness.diagnosis.draft_side import fc_diagnosis
+from harness.diagnosis.record import Diagnosis
 from harness.engines.base import Acceptance, Capability, Engine, Generation
 from harness.golden.oracle import Oracle
 from harness.tolerances import tolerance_for

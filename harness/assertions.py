@@ -1,30 +1,33 @@
 """Assertion helpers whose failure text explains: what was compared, the tolerance and why,
 what the engine did instead (the diagnosis), and a minimal reproducer.
 
-A check calls one of these and nothing else decides pass/fail, so every check words its
-failures the same way and every failure carries a diagnosis into report.json.
+A check calls one of these and nothing else decides pass/fail: every check fails through
+`fail` (or a helper built on it), so every failure is worded the same way, ends with the
+command that reproduces it and carries its diagnoses into report.json. Tolerances come from
+`harness.tolerances`; the wording of causes from `harness.diagnosis`.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import NoReturn
 
 import pytest
 import torch
 
-from harness.diagnose import (
-    Diagnosis,
-    diagnose_capture,
-    nearest_labels,
-    relative_errors,
-    worst_tokens,
-)
+from harness.diagnosis.capture import diagnose_capture
+from harness.diagnosis.draft_side import diagnose_fc
+from harness.diagnosis.fingerprint import nearest_labels, relative_errors
+from harness.diagnosis.record import Diagnosis
 from harness.engines.base import Capability, Engine
 from harness.golden.features import TargetFeatures
 from harness.report import ConformanceFailure
 from harness.tolerances import tolerance_for, tolerance_text
 
-__all__ = ["ConformanceFailure", "assert_capture_matches", "divergence", "require", "worst_tokens"]
+__all__ = ["ConformanceFailure", "FcVerdict", "assert_capture_matches", "assert_fc_matches",
+           "divergence", "fail", "judge_fc", "require", "worst_tokens"]
 
 
 def require(engine: Engine, capability: Capability) -> None:
@@ -70,11 +73,32 @@ def _off_tokens(features: Sequence[torch.Tensor], golden: Sequence[TargetFeature
     return off_total, excused, tokens, worst
 
 
-def reproducer(engine_name: str, draft: str, prompts: Sequence[Sequence[int]], check: str) -> str:
-    shown = [list(p) for p in prompts[:3]]
-    more = f" (+{len(prompts) - 3} more)" if len(prompts) > 3 else ""
-    return (f"reproduce: eagle3-conformance run --engine {engine_name} --draft {draft} -k {check}"
-            f"  # prompts {shown}{more}")
+def current_check() -> str:
+    """The running check's function name (pytest's PYTEST_CURRENT_TEST, parameters dropped):
+    what `-k` selects to rerun it."""
+    current = os.environ.get("PYTEST_CURRENT_TEST", "")
+    return current.split("::")[-1].split(" ")[0].split("[")[0] or "<check>"
+
+
+def reproducer(engine_name: str | None, draft: str, prompts: Sequence[Sequence[int]] | None = None,
+               check: str | None = None) -> str:
+    """The command that reruns one check for one draft (and the prompts it failed on)."""
+    engine = f" --engine {engine_name}" if engine_name else ""
+    line = (f"reproduce: eagle3-conformance run{engine} --draft {draft} "
+            f"-k {check or current_check()}")
+    if prompts:
+        shown = [list(p) for p in prompts[:3]]
+        more = f" (+{len(prompts) - 3} more)" if len(prompts) > 3 else ""
+        line += f"  # prompts {shown}{more}"
+    return line
+
+
+def fail(message: str, *, draft: str, engine_name: str | None = None,
+         prompts: Sequence[Sequence[int]] | None = None, diagnoses: Sequence[Diagnosis] = (),
+         check: str | None = None) -> NoReturn:
+    """Fail the running check: `message`, then the reproducer; `diagnoses` go to report.json."""
+    raise ConformanceFailure(f"{message}\n{reproducer(engine_name, draft, prompts, check)}",
+                             list(diagnoses))
 
 
 def assert_capture_matches(*, features: Sequence[torch.Tensor], golden: Sequence[TargetFeatures],
@@ -94,21 +118,77 @@ def assert_capture_matches(*, features: Sequence[torch.Tensor], golden: Sequence
     diag = diagnose_capture(features, golden, training_boundaries, engine_convention=engine_convention,
                             config_ids=config_ids, rtol=rtol, outlier_budget=tol.outlier_budget)
     if widths != {expected_width}:
-        raise ConformanceFailure(
-            f"the engine handed the draft {sorted(widths)}-wide features, training fed fc "
-            f"{expected_width} = {len(training_boundaries)} aux states x {hidden}; "
-            f"{diag.message}\n{reproducer(engine_name, draft, prompts, check)}", [diag])
+        fail(f"the engine handed the draft {sorted(widths)}-wide features, training fed fc "
+             f"{expected_width} = {len(training_boundaries)} aux states x {hidden}; "
+             f"{diag.message}", draft=draft, engine_name=engine_name, prompts=prompts,
+             diagnoses=[diag], check=check)
     off, excused, total, worst = _off_tokens(features, golden, training_boundaries, rtol, margins,
                                              tol.routing_noise)
     unexcused = off - excused
     if unexcused and diag.kind != "ok" or unexcused > tol.outlier_budget * total:
-        raise ConformanceFailure(
-            f"aux features differ from training on {unexcused}/{total} tokens"
-            + (f" ({excused} more excused as routing near-ties)" if excused else "")
-            + f" (worst relative error {worst:.3g}; tolerance: "
-            f"{tolerance_text(dtype, golden[0].num_layers)}). {diag.message}\n"
-            f"{reproducer(engine_name, draft, prompts, check)}", [diag])
+        fail(f"aux features differ from training on {unexcused}/{total} tokens"
+             + (f" ({excused} more excused as routing near-ties)" if excused else "")
+             + f" (worst relative error {worst:.3g}; tolerance: "
+             f"{tolerance_text(dtype, golden[0].num_layers)}). {diag.message}",
+             draft=draft, engine_name=engine_name, prompts=prompts, diagnoses=[diag], check=check)
     return diag
+
+
+def worst_tokens(features: Sequence[torch.Tensor], golden: Sequence[torch.Tensor],
+                 rtol: float) -> tuple[int, int, float]:
+    """(bad tokens, total tokens, worst relative error): judged per token, because a bug that
+    touches a few positions (a rollback, a ragged batch) vanishes in a whole-prompt norm."""
+    bad = total = 0
+    worst = 0.0
+    for x, ref in zip(features, golden, strict=True):
+        err = relative_errors(x, ref)
+        bad += int((err > rtol).sum())
+        total += err.numel()
+        worst = max(worst, float(err.max())) if err.numel() else worst
+    return bad, total, worst
+
+
+@dataclass(frozen=True)
+class FcVerdict:
+    """The fc check's finding, shared by the fc suite and the acceptance explainer so that
+    both judge the projection by one criterion."""
+
+    bad: int
+    total: int
+    worst: float
+    message: str
+    diagnosis: Diagnosis | None  # None exactly when ok
+
+    @property
+    def ok(self) -> bool:
+        return self.bad == 0
+
+
+def judge_fc(fc_out: Sequence[torch.Tensor], features: Sequence[torch.Tensor],
+             expected: Sequence[torch.Tensor], rtol: float, *, draft_hidden: int,
+             norm_before_fc: bool, fc_norm: bool) -> FcVerdict:
+    """Did the engine's fc output equal fc(the engine's own features), token by token? Judged
+    on the engine's features so that a capture bug does not masquerade as an fc bug."""
+    bad, total, worst = worst_tokens(fc_out, expected, rtol)
+    if not bad:
+        return FcVerdict(0, total, worst, "fc output matches fc(features)", None)
+    detail = (f"the draft's fc output differs from fc(features) on {bad}/{total} tokens "
+              f"(worst relative error {worst:.3g}, tolerance {rtol:g})")
+    diag = diagnose_fc(fc_out, features, detail, rtol, draft_hidden=draft_hidden,
+                       norm_before_fc=norm_before_fc, fc_norm=fc_norm)
+    return FcVerdict(bad, total, worst, diag.message, diag)
+
+
+def assert_fc_matches(*, fc_out: Sequence[torch.Tensor], features: Sequence[torch.Tensor],
+                      expected: Sequence[torch.Tensor], dtype: str, draft_hidden: int,
+                      norm_before_fc: bool, fc_norm: bool, engine_name: str, draft: str,
+                      prompts: Sequence[Sequence[int]]) -> None:
+    """The engine's fc output is the trained fc of its own features, token by token."""
+    verdict = judge_fc(fc_out, features, expected, tolerance_for(dtype).rtol,
+                       draft_hidden=draft_hidden, norm_before_fc=norm_before_fc, fc_norm=fc_norm)
+    if not verdict.ok:
+        fail(verdict.message, draft=draft, engine_name=engine_name, prompts=prompts,
+             diagnoses=[d for d in (verdict.diagnosis,) if d is not None])
 
 
 def first_divergence(a: Sequence[int], b: Sequence[int]) -> int | None:

@@ -45,7 +45,7 @@ class EngineCrash(RuntimeError):
 
     @staticmethod
     def _diagnose(message: str, draft_dir: Path | None) -> list:
-        from harness.diagnose import crash_diagnosis
+        from harness.diagnosis.crash import crash_diagnosis
         from harness.models.draft import DraftConfig
 
         try:
