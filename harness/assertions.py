@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from harness.diagnosis.capture import diagnose_capture
+from harness.diagnosis.crash import crash_diagnosis
 from harness.diagnosis.draft_side import diagnose_fc
 from harness.diagnosis.fingerprint import nearest_labels, relative_errors
 from harness.diagnosis.record import Diagnosis
@@ -27,7 +28,7 @@ from harness.report import ConformanceFailure
 from harness.tolerances import tolerance_for, tolerance_text
 
 __all__ = ["ConformanceFailure", "FcVerdict", "assert_capture_matches", "assert_fc_matches",
-           "divergence", "fail", "judge_fc", "require", "worst_tokens"]
+           "crash_failure", "divergence", "fail", "failure", "judge_fc", "require", "worst_tokens"]
 
 
 def require(engine: Engine, capability: Capability) -> None:
@@ -93,12 +94,28 @@ def reproducer(engine_name: str | None, draft: str, prompts: Sequence[Sequence[i
     return line
 
 
+def failure(message: str, *, draft: str, engine_name: str | None = None,
+            prompts: Sequence[Sequence[int]] | None = None, diagnoses: Sequence[Diagnosis] = (),
+            check: str | None = None) -> ConformanceFailure:
+    """A check's failure: `message`, then the reproducer; `diagnoses` go to report.json."""
+    return ConformanceFailure(f"{message}\n{reproducer(engine_name, draft, prompts, check)}",
+                              list(diagnoses))
+
+
 def fail(message: str, *, draft: str, engine_name: str | None = None,
          prompts: Sequence[Sequence[int]] | None = None, diagnoses: Sequence[Diagnosis] = (),
          check: str | None = None) -> NoReturn:
-    """Fail the running check: `message`, then the reproducer; `diagnoses` go to report.json."""
-    raise ConformanceFailure(f"{message}\n{reproducer(engine_name, draft, prompts, check)}",
-                             list(diagnoses))
+    """Fail the running check (see `failure`)."""
+    raise failure(message, draft=draft, engine_name=engine_name, prompts=prompts,
+                  diagnoses=diagnoses, check=check)
+
+
+def crash_failure(crash: BaseException, *, layer_ids: Sequence[int], target_hidden: int,
+                  engine_name: str, draft: str) -> ConformanceFailure:
+    """An engine that crashed serving the draft failed the check; the crash is diagnosed from
+    its message with the draft's own ids (harness.diagnosis.crash)."""
+    return failure(str(crash), draft=draft, engine_name=engine_name,
+                   diagnoses=[crash_diagnosis(str(crash), layer_ids, target_hidden)])
 
 
 def assert_capture_matches(*, features: Sequence[torch.Tensor], golden: Sequence[TargetFeatures],

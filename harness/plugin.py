@@ -2,9 +2,10 @@
 
 Every check runs once per draft of the bundle (`draft_name` is a session-scoped parameter, so
 pytest groups the checks by draft and each engine is built once per draft and closed when the
-next draft's begins, never two engines alive at once). A check fails by raising an
-AssertionError; raising `harness.report.ConformanceFailure(message, diagnoses)` also attaches
-the diagnoses to the check in report.json.
+next draft's begins, never two engines alive at once). A check fails through
+`harness.assertions.fail` (a `harness.report.ConformanceFailure(message, diagnoses)`, which
+attaches the diagnoses to the check in report.json). An `EngineCrash` out of a check is turned
+into one here, diagnosed against the draft's spec, since this is the layer that holds it.
 
 The plugin is loaded in every pytest run of an environment where the package is installed,
 so it stays inert until a test asks for one of its fixtures, and imports torch only then.
@@ -16,6 +17,7 @@ import hashlib
 import json
 import os
 import re
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -112,6 +114,7 @@ class State:
     engine_problem: str | None = None
     resolved: bool = False
     unmatched_xfails: list[str] = field(default_factory=list)
+    engine_info: dict[str, Any] = field(default_factory=dict)  # per draft, from Engine.info()
     xfails_path: Path | None = None
     usage_error: str | None = None  # bad input met during collection; stops the run after it
     report: dict[str, Any] | None = None
@@ -336,12 +339,44 @@ def engine(pytestconfig: pytest.Config, engine_class: type, bundle: Any, draft_n
     try:
         yield instance
     finally:
+        try:
+            state.engine_info[draft_name] = dict(instance.info())
+        except Exception as e:  # what the engine says about itself must not cost the run
+            state.engine_info[draft_name] = {"error": f"{type(e).__name__}: {e}"}
         instance.close()
 
 
 # -- outcomes --------------------------------------------------------------------------------
 # Recorded from hooks that carry the item or collector, so the state is the config's own
 # (pytester runs sessions inside a session; a module-level "current" would mix them up).
+
+
+def _crash_failure(item: pytest.Item, exc: BaseException) -> BaseException | None:
+    """The failure an EngineCrash out of a check stands for, diagnosed with the draft's ids;
+    None for any other exception. (harness.engines.base not yet imported: no engine ran.)"""
+    base = sys.modules.get("harness.engines.base")
+    if base is None or not isinstance(exc, base.EngineCrash):
+        return None
+    from harness.assertions import crash_failure
+
+    state = _state(item.config)
+    draft = getattr(getattr(item, "callspec", None), "params", {}).get("draft_name")
+    bundle = state.bundle()
+    spec = bundle.draft(draft) if draft is not None else None
+    return crash_failure(exc, layer_ids=spec.layer_ids if spec else (),
+                         target_hidden=bundle.hidden_size, engine_name=state.engine_name,
+                         draft=draft or "<draft>")
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Any:
+    try:
+        return (yield)
+    except Exception as exc:
+        failure = _crash_failure(item, exc)
+        if failure is None:
+            raise
+        raise failure from exc
 
 
 @pytest.hookimpl(wrapper=True)
@@ -473,8 +508,10 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
               "class": engine_path(cls) if cls else None,
               "capabilities": sorted(getattr(c, "value", str(c))
                                      for c in getattr(cls, "capabilities", ())),
-              "convention": getattr(cls, "convention", None),
-              "constructions": dict(state.collector.engine_constructions)}
+              "convention": getattr(getattr(cls, "convention", None), "name",
+                                    getattr(cls, "convention", None)),
+              "constructions": dict(state.collector.engine_constructions),
+              "info": dict(state.engine_info)}
     drafts = state.drafts() if state._bundle is not None else list(state.option("draft") or [])
     extra = {"hypothesis_profile": hypothesis_settings.get_current_profile_name(),
              "xfails": {"file": str(state.xfails_path) if state.xfails_path else None,

@@ -11,6 +11,7 @@ import torch
 
 from harness.boundaries import (
     CONVENTIONS,
+    Convention,
     LayerIdError,
     boundaries_to_ids,
     get_convention,
@@ -107,7 +108,8 @@ _CAUSE = {
 _ENGINE_BUGS = ("final_boundary_normed", "residual_missing", "stale_or_skipped")
 
 
-def _ignored_ids(found: list[Label], train: list[int], n: int, engine_convention: str | None,
+def _ignored_ids(found: list[Label], train: list[int], n: int,
+                 engine_convention: str | Convention | None,
                  config_ids: Sequence[int] | None) -> bool:
     """The slots hold the engine's default boundaries while the config asked for others: the
     engine never read the ids (checked before the per-slot causes, which would otherwise
@@ -145,7 +147,7 @@ def diagnose_capture(
     golden: Sequence[TargetFeatures],
     training_boundaries: Sequence[int],
     *,
-    engine_convention: str | None = None,
+    engine_convention: str | Convention | None = None,
     config_ids: Sequence[int] | None = None,
     rtol: float = rtol_for("float32"),
     outlier_budget: float = 0.0,
@@ -154,9 +156,10 @@ def diagnose_capture(
 
     features: per prompt, what the engine handed the draft, [T, n*H] in engine slot order;
     golden: the fp32 training-time features of the same prompts; training_boundaries: the
-    boundaries training put in each slot; engine_convention: a key of CONVENTIONS, to word
-    the fix as an id list; config_ids: the draft config's ids, to say which convention the
-    engine behaved like; rtol: per-token relative tolerance (see `rtol_for`).
+    boundaries training put in each slot; engine_convention: a key of CONVENTIONS or an
+    adapter's own Convention, to word the fix as an id list; config_ids: the draft config's
+    ids, to say which convention the engine behaved like; rtol: per-token relative tolerance
+    (see `harness.tolerances`).
     """
     n = golden[0].num_layers
     train = [int(b) for b in training_boundaries]
@@ -172,7 +175,8 @@ def diagnose_capture(
         kind, offset = "ids_ignored", None
         at = next((s.slot for s in slots if not s.exact), None)
     consistent = _consistent(config_ids, found, n)
-    conv_name = get_convention(engine_convention).name if engine_convention else None
+    conv = get_convention(engine_convention) if engine_convention else None
+    conv_name = conv.name if conv else None
 
     suggested: list[int] | None = None
     fix = ""
@@ -180,11 +184,11 @@ def diagnose_capture(
         fix = "The engine hands the draft exactly the boundaries training used."
     elif kind in _ENGINE_BUGS:
         fix = "This is an engine bug, not a config problem; no id list fixes it."
-    elif conv_name is None:
+    elif conv is None:
         fix = "Name the engine's convention to get the id list that fixes this."
     else:
         try:
-            suggested = list(boundaries_to_ids(train, conv_name, n))
+            suggested = list(boundaries_to_ids(train, conv, n))
             fix = f"Set eagle_aux_hidden_state_layer_ids to {suggested} for {conv_name}."
             if kind == "ids_ignored":
                 fix = (f"The engine must read the ids: put eagle_aux_hidden_state_layer_ids: "

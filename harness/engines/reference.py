@@ -52,8 +52,7 @@ class ReferenceEngine(Eagle3Runtime, Engine):
     pre-norm with the residual, slots in config order, fc once, chain or tree drafting."""
 
     name = "reference"
-    capabilities = frozenset({Capability.CAPTURE, Capability.FC_PROBE, Capability.GENERATE,
-                              Capability.THROUGHPUT})
+    capabilities = frozenset({Capability.CAPTURE, Capability.FC_PROBE, Capability.GENERATE})
     convention = None  # honours the draft's training convention
     capture_batch_size = 8
     padding_side = "right"
