@@ -28,37 +28,24 @@ from hypothesis import settings as hypothesis_settings
 from hypothesis.errors import InvalidArgument
 
 from harness import profiles
-from harness.registry import EngineLookupError, check_engine_name, engine_path, resolve_engine
-from harness.report import (
-    ReportCollector,
-    clear_reports,
-    verdict_line,
-    write_reports,
+from harness.options import (
+    RUN_OPTIONS,
+    OptionError,
+    add_run_options,
+    bundle_path,
+    load_run_bundle,
+    prepare_report_dir,
+    validate,
 )
-from harness.tolerances import DTYPES
+from harness.registry import EngineLookupError, engine_path, resolve_engine
+from harness.report import ReportCollector, verdict_line, write_reports
 
 PLUGIN_FIXTURES = frozenset({"bundle", "draft_name", "engine", "engine_class", "report"})
 JUNIT_PARTIAL = ".junit.xml.partial"
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    g = parser.getgroup("eagle3-conformance", "EAGLE-3 conformance")
-    g.addoption("--engine", default="reference", metavar="NAME",
-                help="engine adapter: reference, vllm, sglang, zoo:<mutant> or package.module:Class "
-                     "(default: reference)")
-    g.addoption("--bundle", default=None, metavar="PATH",
-                help="golden bundle folder (default: the committed golden/tiny-dsv3)")
-    g.addoption("--draft", action="append", default=None, metavar="NAME",
-                help="run only this draft of the bundle (repeatable; default: every draft)")
-    g.addoption("--dtype", default=None, choices=DTYPES,
-                help="engine dtype (default: the engine's own, e.g. float32 reference, bfloat16 vllm)")
-    g.addoption("--device", default="cpu", help="engine device (default: cpu)")
-    g.addoption("--num-draft-tokens", type=int, default=4, metavar="K",
-                help="chain length k of speculative decoding (default: 4)")
-    g.addoption("--report-dir", default=None, metavar="DIR",
-                help="write report.json, report.md, report.html and junit.xml here")
-    g.addoption("--xfails", default=None, metavar="FILE",
-                help="known-nonconformance list (default: suites/xfails/<engine>.txt)")
+    add_run_options(parser.getgroup("eagle3-conformance", "EAGLE-3 conformance").addoption)
 
 
 # -- session state ---------------------------------------------------------------------------
@@ -124,34 +111,21 @@ class State:
         return self.config.getoption(name)
 
     def bundle_path(self) -> Path:
-        given = self.option("bundle")
-        if given:
-            return Path(given)
-        from harness.paths import default_bundle_path
-
-        return default_bundle_path()
+        return bundle_path(self.option("bundle"))
 
     def bundle(self) -> Any:
-        """Loaded (and hash-verified) once; a bad bundle stops the run with one line."""
+        """Loaded (and hash-verified) once, with the --draft ones in it; bad input stops the
+        run with one line."""
         if self._bundle is None:
-            from harness.golden.bundle import BundleError, load_bundle
-
             try:
-                self._bundle = load_bundle(self.bundle_path())
-            except BundleError as e:
+                self._bundle = load_run_bundle(self.bundle_path(), self.option("draft") or ())
+            except OptionError as e:
                 self.usage_error = str(e)
                 raise pytest.UsageError(self.usage_error) from None
         return self._bundle
 
     def drafts(self) -> list[str]:
-        available = self.bundle().draft_names
-        chosen = self.option("draft") or available
-        unknown = [d for d in chosen if d not in available]
-        if unknown:
-            self.usage_error = (f"bundle {self.bundle_path()} has no draft {unknown[0]!r}; "
-                                f"choose from {', '.join(available)}")
-            raise pytest.UsageError(self.usage_error)
-        return list(dict.fromkeys(chosen))
+        return list(dict.fromkeys(self.option("draft") or self.bundle().draft_names))
 
     def resolve(self) -> None:
         if self.resolved:
@@ -185,20 +159,13 @@ def _state(config: pytest.Config) -> State:
 @pytest.hookimpl(tryfirst=True)  # before the terminal reporter and junitxml read the options
 def pytest_configure(config: pytest.Config) -> None:
     report_dir = config.getoption("report_dir")
-    if report_dir:  # first, so that even a run refused below leaves no stale report
-        try:
-            Path(report_dir).mkdir(parents=True, exist_ok=True)
-            clear_reports(Path(report_dir))
-        except OSError as e:
-            raise pytest.UsageError(f"cannot use --report-dir {report_dir} ({e.strerror or e}); "
-                                    f"pass a writable folder") from None
-    if config.getoption("num_draft_tokens") < 1:
-        raise pytest.UsageError("--num-draft-tokens must be at least 1")
-    name = config.getoption("engine")
     try:
-        check_engine_name(name)
-    except EngineLookupError as e:
+        if report_dir:  # first, so that even a run refused below leaves no stale report
+            prepare_report_dir(Path(report_dir))
+        validate({opt.dest: config.getoption(opt.dest) for opt in RUN_OPTIONS})
+    except OptionError as e:
         raise pytest.UsageError(str(e)) from None
+    name = config.getoption("engine")
     if not config.getoption("--hypothesis-profile", None):
         try:
             profiles.load_default_profile()
