@@ -304,17 +304,6 @@ def _rule(conv: Convention) -> str:
     return rule
 
 
-def describe_boundary(b: int, num_layers: int) -> str:
-    """Human wording used in every message and report."""
-    if b == 0:
-        return "boundary 0 = the embedding output"
-    if b == num_layers:
-        return f"boundary {b} = output of the last layer, before the final norm"
-    if 0 < b < num_layers:
-        return f"boundary {b} = output of layer {b - 1} / input of layer {b}"
-    return f"boundary {b} = outside this {num_layers}-layer target (0..{num_layers})"
-
-
 def short_boundary(b: int, num_layers: int) -> str:
     """The parenthetical form for one-line messages: 'input of layer 3', 'the embedding'."""
     if b == 0:

@@ -24,8 +24,8 @@ import torch
 
 from harness.boundaries import get_convention
 from harness.engines.reference import ReferenceEngine
-from harness.engines.speculative import TargetStates
 from harness.models.draft import DraftKV
+from harness.models.residual import TargetStates
 
 
 class Mutant(ReferenceEngine):
