@@ -16,7 +16,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
 import sys
 import time
 from dataclasses import dataclass, field
@@ -39,6 +38,7 @@ from harness.options import (
 )
 from harness.registry import EngineLookupError, engine_path, resolve_engine
 from harness.report import ReportCollector, verdict_line, write_reports
+from harness.xfails import XfailRule, check_id, read_xfails, xfails_file_name
 
 PLUGIN_FIXTURES = frozenset({"bundle", "draft_name", "engine", "engine_class", "report"})
 JUNIT_PARTIAL = ".junit.xml.partial"
@@ -49,43 +49,6 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 # -- session state ---------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class XfailRule:
-    """One line of an xfails file: `<check id glob>  # reason`. Only * and ? are wildcards,
-    so the brackets of parametrized ids match literally."""
-
-    pattern: str
-    reason: str
-    where: str
-
-    def matches(self, *ids: str) -> bool:
-        rx = "".join(".*" if c == "*" else "." if c == "?" else re.escape(c) for c in self.pattern)
-        return any(re.fullmatch(rx, i) for i in ids)
-
-
-def read_xfails(path: Path) -> list[XfailRule]:
-    if not path.is_file():
-        return []
-    rules = []
-    for n, raw in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        pattern, _, reason = raw.partition("#")
-        if pattern.strip():
-            rules.append(XfailRule(pattern.strip(), reason.strip() or "known nonconformance",
-                                   f"{path}:{n}"))
-    return rules
-
-
-def xfails_file_name(engine: str) -> str:
-    return re.sub(r"[^\w.-]", "_", engine) + ".txt"
-
-
-def check_id(nodeid: str) -> str:
-    """The id in reports and xfails files: file name :: test[params], the same whatever
-    folder pytest was started from."""
-    path, sep, rest = nodeid.partition("::")
-    return f"{Path(path).name}{sep}{rest}"
 
 
 @dataclass
