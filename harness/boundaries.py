@@ -8,7 +8,7 @@ that difference is the bug this suite exists to find. So ids live only here, ins
 `Convention`, and are turned into boundaries at the edge.
 
 The facts behind each convention are in its `description` (the source read, by file and
-function). Where a fact comes from DESIGN.md's table and was not re-read in source, the
+function). Where a fact comes from docs/DESIGN.md's table and was not re-read in source, the
 description says so.
 """
 

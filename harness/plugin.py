@@ -18,6 +18,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import Generator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -298,8 +299,8 @@ def _crash_failure(item: pytest.Item, exc: BaseException) -> BaseException | Non
                          draft=draft or "<draft>")
 
 
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_call(item: pytest.Item) -> Any:
+def _crashes_fail(item: pytest.Item) -> Generator[None, Any, Any]:
+    """The body of a hook wrapper that re-raises an EngineCrash as its check's failure."""
     try:
         return (yield)
     except Exception as exc:
@@ -307,6 +308,17 @@ def pytest_runtest_call(item: pytest.Item) -> Any:
         if failure is None:
             raise
         raise failure from exc
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item: pytest.Item) -> Any:
+    """An engine that crashes while it is built (a draft it cannot load) fails the check too."""
+    return (yield from _crashes_fail(item))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Any:
+    return (yield from _crashes_fail(item))
 
 
 @pytest.hookimpl(wrapper=True)
