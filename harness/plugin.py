@@ -13,13 +13,10 @@ so it stays inert until a test asks for one of its fixtures, and imports torch o
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 import sys
 import time
 from collections.abc import Generator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -32,13 +29,13 @@ from harness.options import (
     RUN_OPTIONS,
     OptionError,
     add_run_options,
-    bundle_path,
-    load_run_bundle,
     prepare_report_dir,
     validate,
 )
-from harness.registry import EngineLookupError, engine_path, resolve_engine
+from harness.outcomes import check_outcome, exception_message
+from harness.registry import engine_path
 from harness.report import ReportCollector, verdict_line, write_reports
+from harness.session import State
 from harness.xfails import XfailRule, check_id, read_xfails, xfails_file_name
 
 PLUGIN_FIXTURES = frozenset({"bundle", "draft_name", "engine", "engine_class", "report"})
@@ -47,67 +44,6 @@ JUNIT_PARTIAL = ".junit.xml.partial"
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     add_run_options(parser.getgroup("eagle3-conformance", "EAGLE-3 conformance").addoption)
-
-
-# -- session state ---------------------------------------------------------------------------
-
-
-@dataclass
-class State:
-    config: pytest.Config
-    engine_name: str
-    report_dir: Path | None
-    started: float = field(default_factory=time.time)
-    collector: ReportCollector = field(default_factory=ReportCollector)
-    junit_tmp: Path | None = None
-    conformance_run: bool = False
-    engine_cls: type | None = None
-    engine_problem: str | None = None
-    resolved: bool = False
-    unmatched_xfails: list[str] = field(default_factory=list)
-    engine_info: dict[str, Any] = field(default_factory=dict)  # per draft, from Engine.info()
-    xfails_path: Path | None = None
-    usage_error: str | None = None  # bad input met during collection; stops the run after it
-    report: dict[str, Any] | None = None
-    _bundle: Any = None
-
-    def option(self, name: str) -> Any:
-        return self.config.getoption(name)
-
-    def bundle_path(self) -> Path:
-        return bundle_path(self.option("bundle"))
-
-    def bundle(self) -> Any:
-        """Loaded (and hash-verified) once, with the --draft ones in it; bad input stops the
-        run with one line."""
-        if self._bundle is None:
-            try:
-                self._bundle = load_run_bundle(self.bundle_path(), self.option("draft") or ())
-            except OptionError as e:
-                self.usage_error = str(e)
-                raise pytest.UsageError(self.usage_error) from None
-        return self._bundle
-
-    def drafts(self) -> list[str]:
-        return list(dict.fromkeys(self.option("draft") or self.bundle().draft_names))
-
-    def resolve(self) -> None:
-        if self.resolved:
-            return
-        self.resolved = True
-        from harness.engines.base import EngineUnavailable
-
-        try:
-            self.engine_cls = resolve_engine(self.engine_name)
-        except EngineLookupError as e:
-            self.usage_error = str(e)
-            raise pytest.UsageError(self.usage_error) from None
-        except EngineUnavailable as e:
-            self.engine_problem = f"engine {self.engine_name} unavailable: {e}"
-            self.collector.engine_unavailable = self.engine_problem
-
-    def dtype(self) -> str | None:
-        return self.option("dtype") or getattr(self.engine_cls, "default_dtype", None)
 
 
 _KEY = pytest.StashKey[State]()
@@ -332,43 +268,6 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
         collector.current = None
 
 
-def _exception_message(excinfo: pytest.ExceptionInfo[BaseException]) -> str:
-    value = excinfo.value
-    text = str(value).strip()
-    if isinstance(value, (AssertionError, pytest.fail.Exception)) and text:
-        return text
-    return excinfo.exconly().strip()
-
-
-def _skip_reason(rep: pytest.TestReport) -> str:
-    if isinstance(rep.longrepr, tuple) and len(rep.longrepr) == 3:
-        reason = str(rep.longrepr[2]).removeprefix("Skipped: ").strip()
-    else:
-        reason = str(rep.longrepr or "").strip()
-    return reason or "(skipped without a reason: the check must state one)"
-
-
-def _outcome(rep: pytest.TestReport, message: str, listed: str | None) -> tuple[str, str] | None:
-    """(status, message) of one phase; None for a setup or teardown that passed."""
-    xfail_reason = getattr(rep, "wasxfail", None)
-    if rep.passed:
-        if rep.when != "call":
-            return None
-        if xfail_reason is not None:
-            return "xpass", f"passed although marked xfail: {xfail_reason}"
-        return "passed", ""
-    if rep.skipped:
-        if xfail_reason is not None:
-            return "xfail", message or xfail_reason
-        return "skipped", _skip_reason(rep)
-    if rep.when != "call":
-        return "error", f"{rep.when} error: {message or rep.longreprtext.strip()}"
-    if isinstance(rep.longrepr, str) and rep.longrepr.startswith("[XPASS(strict)]"):
-        return "failed", (f"XPASS(strict): this check now passes but is listed as a known "
-                          f"nonconformance ({listed}); the engine was fixed: remove the line")
-    return "failed", message or rep.longreprtext.strip()
-
-
 # tryfirst makes this the outermost wrapper: it sees the report after the xfail handling.
 @pytest.hookimpl(wrapper=True, tryfirst=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
@@ -378,14 +277,14 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         return rep
     message = ""
     if call.excinfo is not None:
-        message = _exception_message(call.excinfo)
+        message = exception_message(call.excinfo)
         for d in getattr(call.excinfo.value, "diagnoses", None) or ():
             as_json = record.add_diagnosis(d)
             # junit.xml carries them too, as <property name="diagnosis">
             item.user_properties.append(("diagnosis",
                                          f"{as_json.get('kind')}: {as_json.get('message')}"))
     record.duration_s += rep.duration
-    outcome = _outcome(rep, message, record.xfail_reason)
+    outcome = check_outcome(rep, message, record.xfail_reason)
     if outcome is not None:
         record.settle(*outcome)
     return rep
@@ -402,23 +301,6 @@ def pytest_make_collect_report(collector: pytest.Collector) -> Any:
 
 
 # -- session end -----------------------------------------------------------------------------
-
-
-def _bundle_json(state: State) -> dict[str, Any]:
-    if state._bundle is not None:
-        b = state._bundle
-        return {"path": str(Path(b.path).resolve()), "name": b.name, "sha256": b.manifest_sha256()}
-    path = state.bundle_path()
-    manifest = path / "manifest.json"
-    out: dict[str, Any] = {"path": str(path.resolve()), "name": None, "sha256": None}
-    if manifest.is_file():
-        data = manifest.read_bytes()
-        out["sha256"] = hashlib.sha256(data).hexdigest()
-        try:
-            out["name"] = json.loads(data).get("name")
-        except (ValueError, AttributeError):
-            pass
-    return out
 
 
 def _interrupted(session: pytest.Session, exitstatus: int) -> str | None:
@@ -461,7 +343,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
              "options": {"device": state.option("device"),
                          "num_draft_tokens": state.option("num_draft_tokens")}}
     state.report = state.collector.build(
-        engine=engine, bundle=_bundle_json(state), drafts=drafts, dtype=state.dtype(),
+        engine=engine, bundle=state.bundle_json(), drafts=drafts, dtype=state.dtype(),
         started=state.started, finished=time.time(), interrupted=_interrupted(session, exitstatus),
         extra=extra)
     if state.report_dir is not None:

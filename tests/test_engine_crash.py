@@ -33,7 +33,7 @@ def test_engine_crash_holds_only_its_message() -> None:
 def test_the_plugin_diagnoses_a_crash_with_the_drafts_ids(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_checks=CHECKS)
     out = pytester.path / "out"
-    result = pytester.runpytest("--draft", "embed-first", "--report-dir", str(out),
+    result = pytester.runpytest_subprocess("--draft", "embed-first", "--report-dir", str(out),
                                 "-p", "no:cacheprovider")
     result.assert_outcomes(failed=2)
     checks = {c["id"]: c for c in json.loads((out / "report.json").read_text())["checks"]}

@@ -56,6 +56,6 @@ def test_one_validation_for_cli_and_plugin(change: dict, needle: str, pytester: 
     assert cli.main(["run", *argv]) == 2
     assert needle in capsys.readouterr().err
     pytester.makepyfile(test_x="def test_x():\n    pass\n")
-    result = pytester.runpytest(*argv)
+    result = pytester.runpytest_subprocess(*argv)
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     assert needle in result.stderr.str()
