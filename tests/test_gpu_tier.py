@@ -30,7 +30,7 @@ import pytest
 import torch
 
 from harness.boundaries import ids_to_boundaries
-from harness.diagnose import diagnose_capture, rtol_for
+from harness.diagnosis.capture import diagnose_capture
 from harness.engines.speculative import Eagle3Runtime
 from harness.engines.step_costs import measure_step_costs, synchronizer
 from harness.golden.bundle import load_bundle
@@ -44,6 +44,7 @@ from harness.models.presets import (
 )
 from harness.paths import default_bundle_path
 from harness.throughput import break_even_acceptance, judge_speedup, predicted_speedup
+from harness.tolerances import rtol_for
 
 pytestmark = [
     pytest.mark.gpu,

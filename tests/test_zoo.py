@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import torch
 
-from harness.diagnose import KINDS
+from harness.diagnosis.record import KINDS
 from harness.engines.base import EngineOptions
 from harness.engines.reference import ReferenceEngine
 from harness.engines.speculative import Eagle3Runtime

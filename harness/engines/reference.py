@@ -30,8 +30,7 @@ from harness.engines.step_costs import measure_step_costs
 from harness.models.draft import Eagle3Draft
 from harness.models.target import load_target
 from harness.throughput import StepCosts
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+from harness.tolerances import DTYPES
 
 
 def load_any_target(path: Path, dtype: torch.dtype, device: str) -> torch.nn.Module:
@@ -66,8 +65,8 @@ class ReferenceEngine(Eagle3Runtime, Engine):
         options = options or EngineOptions()
         Engine.__init__(self, target_dir, draft_dir, options)
         if options.dtype not in DTYPES:
-            raise ValueError(f"dtype {options.dtype!r} is not one of {sorted(DTYPES)}")
-        dtype = DTYPES[options.dtype]
+            raise ValueError(f"dtype {options.dtype!r} is not one of {', '.join(DTYPES)}")
+        dtype = getattr(torch, options.dtype)
         target = load_any_target(self.target_dir, dtype, options.device)
         draft = Eagle3Draft.load(self.draft_dir, dtype, options.device)
         Eagle3Runtime.__init__(self, target, draft)

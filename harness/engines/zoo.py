@@ -5,7 +5,7 @@ bitten a public engine lives here as a `ReferenceEngine` subclass that overrides
 hook of `harness.engines.speculative.Eagle3Runtime`. Everything else (loading, decoding,
 losslessness) is the reference's, so a mutant differs from training by exactly its bug and
 `eagle3-conformance selftest` can demand that the suite (a) fails it and (b) names it: each
-mutant states the `harness.diagnose.KINDS` entry a correct diagnosis must produce.
+mutant states the `harness.diagnosis.record.KINDS` entry a correct diagnosis must produce.
 
 The bundle's drafts decide what can show: specforge-default trains boundaries [2, 4, 5],
 embed-first [0, 4, 6], single-aux [4], final-aux [2, 4, 8] (N = 8). A mutant applies its bug
@@ -25,8 +25,8 @@ import torch
 
 from harness.boundaries import get_convention
 from harness.engines.reference import ReferenceEngine
-from harness.engines.speculative import TargetStates
 from harness.models.draft import DraftKV
+from harness.models.residual import TargetStates
 
 
 class Mutant(ReferenceEngine):
@@ -35,7 +35,7 @@ class Mutant(ReferenceEngine):
 
     name: ClassVar[str]
     bug_class: ClassVar[str]  # one line, as selftest.json prints it
-    expected_diagnosis_kind: ClassVar[str]  # a key of harness.diagnose.KINDS
+    expected_diagnosis_kind: ClassVar[str]  # a key of harness.diagnosis.record.KINDS
     hook: ClassVar[str]  # the one Eagle3Runtime hook the mutant overrides
     issue: ClassVar[str]  # the public report(s) of the bug, also cited in the docstring
     # what the bug changes: "wiring" (what the draft sees or proposes) or "throughput" (only
