@@ -83,8 +83,10 @@ def engine_outcome(layers: list[int], slots: int, conv: Convention) -> tuple[int
     captured = sorted({v for v in layers if 0 <= v < N})
     if 0 in captured and not conv.capture_embedding:
         return "crash before layer 0"
-    if len(captured) != slots:
+    if len(captured) < slots:
         return "slot dropped"
+    if len(captured) > slots:
+        return f"{len(captured)} slots for {slots}"
     return tuple(captured)
 
 
@@ -194,3 +196,54 @@ def test_a_wrong_convention_is_caught() -> None:
     assert any("ids [2, 4, 5]:" in d for d in wrong_for_new), wrong_for_new[:3]
     assert layers_to_capture(old[0], "deepseek_v2", [2, 4, 5]) == [3, 5, 6]
     assert layers_to_capture(new[-1], "deepseek_v2", [2, 4, 5]) == [2, 4, 5]
+
+
+# -- the observed-convention entry of docs/CONFORMANCE.md -----------------------------------
+
+CONFORMANCE = REPO_ROOT / "docs" / "CONFORMANCE.md"
+
+
+def observed_rows(root: Path, tmp_path: Path) -> list[str]:
+    """One row per bundle draft and config layout: what this release reads, the layers it
+    sets on the bundle's DeepSeek target, what its capture loop then fills, against training."""
+    version = version_of(root)
+    conv = _expected(root, "deepseek_v2")
+    manifest = json.loads((BUNDLE / "manifest.json").read_text())
+    rows = []
+    for name, draft in sorted(manifest["drafts"].items()):
+        trained = tuple(draft["boundaries"])
+        for fmt in ("nested", "top-level"):
+            folder = tmp_path / f"{version}-{name}-{fmt}"
+            folder.mkdir()
+            config = json.loads((BUNDLE / draft["folder"] / "config.json").read_text())
+            ids = config.pop("eagle_config")["eagle_aux_hidden_state_layer_ids"]
+            config.update({"eagle_config": {"eagle_aux_hidden_state_layer_ids": ids}}
+                          if fmt == "nested" else {"eagle_aux_hidden_state_layer_ids": ids})
+            (folder / "config.json").write_text(json.dumps(config))
+            read = read_layer_ids(root, transformers.AutoConfig.from_pretrained(folder))
+            layers = layers_to_capture(root, "deepseek_v2", read)
+            got = engine_outcome(layers, len(ids), conv)
+            verdict = "as trained" if got == trained else "**wrong**"
+            rows.append(f"| {version} | {name} | {fmt} | {list(ids)} | {read} | {layers} | "
+                        f"{list(got) if isinstance(got, tuple) else got} | {list(trained)} | {verdict} |")
+    return rows
+
+
+def test_conformance_md_holds_the_observed_convention(root: Path, tmp_path: Path) -> None:
+    """The SGLang section of docs/CONFORMANCE.md is written by hand; its observed-convention
+    rows must be what the installed release does (regenerate them from this message)."""
+    rows = observed_rows(root, tmp_path)
+    text = CONFORMANCE.read_text()
+    missing = [r for r in rows if r not in text]
+    assert not missing, "docs/CONFORMANCE.md lacks or contradicts these rows:\n" + "\n".join(rows)
+
+
+def test_regenerating_the_table_keeps_the_sglang_section() -> None:
+    """conformance-table rewrites docs/CONFORMANCE.md from reports; the SGLang section has
+    none, so it must be carried over whole."""
+    from harness.report import kept_sections
+
+    text = CONFORMANCE.read_text()
+    kept = kept_sections(text)
+    assert "## sglang (source checks; no GPU run yet)" in kept
+    assert text.split("<!-- kept: sglang -->", 1)[1].split("<!-- /kept -->")[0] in kept
