@@ -42,6 +42,18 @@ def installed_roots() -> list[Path]:
     return [r for r in roots if (r / "sglang").is_dir()]
 
 
+def release_params() -> list[Any]:
+    """pytest params, one per installed release (id: its version), or one that skips saying
+    how to install them."""
+    import pytest
+
+    roots = installed_roots()
+    if not roots:
+        return [pytest.param(None, marks=pytest.mark.skip(
+            reason=f"no SGLang release installed for source checks: {INSTALL_HINT}"))]
+    return [pytest.param(r, id=version_of(r)) for r in roots]
+
+
 def version_of(root: Path) -> str:
     for dist in importlib.metadata.distributions(path=[str(root)]):
         if dist.metadata["Name"] == "sglang":

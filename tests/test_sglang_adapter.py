@@ -20,7 +20,13 @@ import sys
 from pathlib import Path
 
 import pytest
-from sglang_source import INSTALL_HINT, find_method, installed_roots, source_writes, version_of
+from sglang_source import (
+    find_method,
+    installed_roots,
+    release_params,
+    source_writes,
+    version_of,
+)
 
 from harness.engines.base import EngineOptions, EngineUnavailable
 from harness.engines.sglang import (
@@ -38,14 +44,7 @@ BUNDLE = Path(__file__).resolve().parents[1] / "golden" / "tiny-dsv3"
 OPTIONS = EngineOptions(dtype="bfloat16", device="cuda", num_draft_tokens=4)
 
 
-def _roots() -> list:
-    if not ROOTS:
-        return [pytest.param(None, marks=pytest.mark.skip(
-            reason=f"no SGLang release installed for source checks: {INSTALL_HINT}"))]
-    return [pytest.param(r, id=version_of(r)) for r in ROOTS]
-
-
-@pytest.fixture(params=_roots())
+@pytest.fixture(params=release_params())
 def root(request: pytest.FixtureRequest) -> Path:
     return request.param
 

@@ -33,6 +33,7 @@ from sglang_source import (
     id_reader,
     installed_function,
     installed_roots,
+    release_params,
     run_block,
     version_of,
 )
@@ -53,14 +54,7 @@ MODELS = {
 ID_LISTS = [list(c) for r in (1, 2, 3) for c in itertools.product(range(-2, N + 1), repeat=r)]
 
 
-def _roots() -> list[Any]:
-    if not ROOTS:
-        return [pytest.param(None, marks=pytest.mark.skip(
-            reason=f"no SGLang release installed for source checks: {INSTALL_HINT}"))]
-    return [pytest.param(r, id=version_of(r)) for r in ROOTS]
-
-
-@pytest.fixture(params=_roots())
+@pytest.fixture(params=release_params())
 def root(request: pytest.FixtureRequest) -> Path:
     return request.param
 

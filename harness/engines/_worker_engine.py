@@ -27,11 +27,13 @@ from safetensors.torch import load_file
 from harness.engines._worker import WorkerError, WorkerHandle
 from harness.engines.base import (
     Acceptance,
+    Capability,
     Capture,
     Engine,
     EngineCrash,
     EngineOptions,
     EngineUnavailable,
+    Generation,
 )
 
 
@@ -41,6 +43,9 @@ class WorkerEngine(Engine):
 
     handle_cls: ClassVar[type[WorkerHandle]]
     label: ClassVar[str]
+    capabilities: ClassVar[frozenset[Capability]] = frozenset(
+        {Capability.CAPTURE, Capability.FC_PROBE, Capability.GENERATE, Capability.THROUGHPUT})
+    default_dtype: ClassVar[str] = "bfloat16"  # how these engines are served in production
     _shared_plain: ClassVar[dict[tuple[Any, ...], WorkerHandle]]
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
@@ -83,6 +88,11 @@ class WorkerEngine(Engine):
 
     def close(self) -> None:
         self._finalizer()
+
+    def _generate_plain(self, prompts: Sequence[Sequence[int]], max_new_tokens: int) -> Generation:
+        """Greedy generation by the shared target-only worker (its op returns `tokens`)."""
+        return Generation(tokens=self._call(self._plain(), "generate", [list(p) for p in prompts],
+                                            max_new_tokens)["tokens"])
 
     # -- workers --------------------------------------------------------------------------------
 

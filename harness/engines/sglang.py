@@ -35,7 +35,6 @@ from harness.engines._sglang_worker import WorkerHandle
 from harness.engines._worker_engine import WorkerEngine, acceptance_from_histogram
 from harness.engines.base import (
     Acceptance,
-    Capability,
     EngineOptions,
     EngineUnavailable,
     Generation,
@@ -145,12 +144,9 @@ class SglangEngine(WorkerEngine):
     name: ClassVar[str] = "sglang"
     label: ClassVar[str] = "SGLang"
     handle_cls: ClassVar[type[WorkerHandle]] = WorkerHandle
-    capabilities: ClassVar[frozenset[Capability]] = frozenset(
-        {Capability.CAPTURE, Capability.FC_PROBE, Capability.GENERATE, Capability.THROUGHPUT})
     # The newest release's rule for the bundle's DeepSeek-V3 target; an instance replaces it
     # with convention_for(its target's architecture, the installed release).
     convention: ClassVar[str | None] = "sglang-deepseek-stages"
-    default_dtype: ClassVar[str] = "bfloat16"
 
     def __init__(self, target_dir: Path, draft_dir: Path, options: EngineOptions) -> None:
         super().__init__(target_dir, draft_dir, options)
@@ -177,10 +173,9 @@ class SglangEngine(WorkerEngine):
 
     def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int,
                  speculative: bool) -> Generation:
-        batch = [list(p) for p in prompts]
         if not speculative:
-            return Generation(tokens=self._call(self._plain(), "generate", batch,
-                                                max_new_tokens)["tokens"])
+            return self._generate_plain(prompts, max_new_tokens)
+        batch = [list(p) for p in prompts]
         result = self._call_spec("generate", batch, max_new_tokens)
         k = self.options.num_draft_tokens
         per_prompt = [acceptance_from_meta(meta, k) for meta in result["meta"]]

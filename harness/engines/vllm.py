@@ -38,7 +38,6 @@ from harness.engines._vllm_worker import WorkerHandle
 from harness.engines._worker_engine import WorkerEngine, acceptance_from_histogram
 from harness.engines.base import (
     Acceptance,
-    Capability,
     EngineCrash,
     EngineOptions,
     EngineUnavailable,
@@ -66,10 +65,7 @@ class VllmEngine(WorkerEngine):
     name: ClassVar[str] = "vllm"
     label: ClassVar[str] = "vLLM"
     handle_cls: ClassVar[type[WorkerHandle]] = WorkerHandle
-    capabilities: ClassVar[frozenset[Capability]] = frozenset(
-        {Capability.CAPTURE, Capability.FC_PROBE, Capability.GENERATE, Capability.THROUGHPUT})
     convention: ClassVar[str | None] = "vllm"
-    default_dtype: ClassVar[str] = "bfloat16"
 
     def __init__(self, target_dir: Path, draft_dir: Path, options: EngineOptions) -> None:
         super().__init__(target_dir, draft_dir, options)
@@ -90,10 +86,9 @@ class VllmEngine(WorkerEngine):
 
     def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int,
                  speculative: bool) -> Generation:
-        batch = [list(p) for p in prompts]
         if not speculative:
-            return Generation(tokens=self._call(self._plain(), "generate", batch,
-                                                max_new_tokens)["tokens"])
+            return self._generate_plain(prompts, max_new_tokens)
+        batch = [list(p) for p in prompts]
         result = self._call_spec("generate", batch, max_new_tokens)
         k = self.options.num_draft_tokens
         totals = result["acceptance"]
