@@ -30,9 +30,12 @@ from sglang_source import (
 
 from harness.engines.base import EngineOptions, EngineUnavailable
 from harness.engines.sglang import (
+    GENERATE_ARGS,
     META_COMPLETION_TOKENS,
     META_HISTOGRAMS,
     META_VERIFY_CT,
+    OUTPUT_IDS,
+    SAMPLING_KEYS,
     SglangEngine,
     acceptance_from_meta,
     convention_for,
@@ -138,6 +141,19 @@ def test_the_meta_info_keys_read_are_written_by_sglang(root: Path) -> None:
     histograms = [k for k in META_HISTOGRAMS if k in written]
     assert histograms, f"{version_of(root)} writes none of {META_HISTOGRAMS}"
     print(f"{version_of(root)} writes histogram keys {histograms}")
+
+
+def test_the_request_the_worker_sends_is_sglangs(root: Path) -> None:
+    """Engine.generate takes input_ids and sampling_params, SamplingParams has the greedy
+    keys, and an output carries its generated ids under `output_ids`."""
+    generate = find_method(root, "sglang/srt/entrypoints/engine.py", "Engine", "generate")
+    assert set(GENERATE_ARGS) <= {a.arg for a in generate.args.args}
+    sampling = ast.unparse(next(n for n in ast.parse(
+        (root / "sglang/srt/sampling/sampling_params.py").read_text()).body
+        if isinstance(n, ast.ClassDef) and n.name == "SamplingParams"))
+    missing = [k for k in SAMPLING_KEYS if f"{k}:" not in sampling]  # a field or an __init__ arg
+    assert not missing, f"{version_of(root)} SamplingParams lacks {missing}"
+    assert OUTPUT_IDS in source_writes(root, "sglang/srt/managers/tokenizer_manager.py", "out")
 
 
 def test_acceptance_from_meta_info() -> None:

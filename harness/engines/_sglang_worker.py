@@ -46,6 +46,8 @@ class _Server:
         SGLang fails, what the recorder saw so far is still written."""
         from safetensors.torch import load_file, save_file
 
+        from harness.engines.sglang import sampling_params
+
         if self.capture_dir is None:
             raise RuntimeError("capture needs the speculative engine")
         flag = self.capture_dir / RECORDING_FLAG
@@ -55,8 +57,7 @@ class _Server:
                 old.unlink()
             flag.touch()
             try:
-                self.engine.generate(input_ids=list(prompt), sampling_params={
-                    "temperature": 0.0, "max_new_tokens": 1})
+                self.engine.generate(input_ids=list(prompt), sampling_params=sampling_params(1))
             except BaseException:
                 records = sorted(self.capture_dir.glob("*.safetensors"))
                 if records:  # the recorder saw the features before the draft failed on them
@@ -80,15 +81,13 @@ class _Server:
         return {"path": out_path, "count": len(prompts)}
 
     def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int) -> dict[str, Any]:
-        """Greedy, exactly `max_new_tokens` each (ignore_eos: the reference stops on length
-        only); each request's meta_info keys the adapter reads."""
-        from harness.engines.sglang import META_KEYS
+        """Greedy, exactly `max_new_tokens` each; each request's meta_info keys the adapter
+        reads."""
+        from harness.engines.sglang import META_KEYS, OUTPUT_IDS, sampling_params
 
-        outs = self.engine.generate(
-            input_ids=[list(p) for p in prompts],
-            sampling_params={"temperature": 0.0, "max_new_tokens": max_new_tokens,
-                             "ignore_eos": True})
-        return {"tokens": [list(o["output_ids"]) for o in outs],
+        outs = self.engine.generate(input_ids=[list(p) for p in prompts],
+                                    sampling_params=sampling_params(max_new_tokens))
+        return {"tokens": [list(o[OUTPUT_IDS]) for o in outs],
                 "meta": [{k: o["meta_info"][k] for k in META_KEYS if k in o["meta_info"]}
                          for o in outs]}
 

@@ -63,6 +63,17 @@ META_HISTOGRAMS = ("spec_correct_drafts_histogram", "spec_accept_histogram")
 META_KEYS = (META_COMPLETION_TOKENS, META_VERIFY_CT, *META_HISTOGRAMS)
 
 
+# The request the worker sends: `Engine.generate(input_ids=..., sampling_params=...)`, greedy.
+GENERATE_ARGS = ("input_ids", "sampling_params")
+SAMPLING_KEYS = ("temperature", "max_new_tokens", "ignore_eos")
+OUTPUT_IDS = "output_ids"  # the generated ids of an output when the tokenizer is skipped
+
+
+def sampling_params(max_new_tokens: int) -> dict[str, Any]:
+    """Greedy, exactly `max_new_tokens` (ignore_eos: the reference stops on length only)."""
+    return dict(zip(SAMPLING_KEYS, (0.0, max_new_tokens, True), strict=True))
+
+
 def release(version: str) -> tuple[int, ...]:
     """'0.5.12.post1' -> (0, 5, 12): the release a version string belongs to."""
     parts = []
