@@ -4,10 +4,11 @@ capture route (an external model package replacing `LlamaForCausalLMEagle3`) is 
 SGLang's model registry and finds the attributes it hooks, and without SGLang or a GPU the
 adapter is unavailable with a reason instead of failing.
 
-Where a release imports without its dependencies (0.5.23 does for server_args and the
-model registry; 0.5.12.post1 does not: its package __init__ imports torchvision), the real
-class and registry are executed, in a subprocess so that this session never imports SGLang;
-else the installed source is read through its AST (tests/sglang_source.py).
+The installed source is read through its AST (tests/sglang_source.py); where a release
+imports without its own dependencies (0.5.23's server_args and model registry do beside
+vLLM's environment plus orjson and IPython, as on the shared machine here; 0.5.12.post1's
+package __init__ needs torchvision), the real class and registry are also executed, in a
+subprocess so that this session never imports SGLang, and a skip says where they are not.
 """
 
 from __future__ import annotations
@@ -52,25 +53,25 @@ def root(request: pytest.FixtureRequest) -> Path:
     return request.param
 
 
+def _annotated(tree: ast.AST, classes: str | None = None) -> set[str]:
+    """Annotated attribute names of the class bodies in `tree` (of class `classes` only)."""
+    return {n.target.id for c in ast.walk(tree) if isinstance(c, ast.ClassDef)
+            and classes in (None, c.name)
+            for n in c.body if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)}
+
+
 def _server_args_fields(root: Path) -> set[str]:
-    """ServerArgs' fields: from the imported class where the release imports without its
-    dependencies (0.5.23: a msgspec Struct assembled from arg_groups/fields), else from the
-    class body of the dataclass it then is (annotated attributes are its fields)."""
-    real = _run_installed(root, (
-        "import dataclasses, json\nfrom sglang.srt.server_args import ServerArgs\n"
-        "f = getattr(ServerArgs, '__struct_fields__', None) or "
-        "[x.name for x in dataclasses.fields(ServerArgs)]\nprint(json.dumps(sorted(f)))"))
-    if real is not None:
-        return set(real)
-    path = root / "sglang/srt/server_args.py"
-    for node in ast.parse(path.read_text()).body:
-        if isinstance(node, ast.ClassDef) and node.name == "ServerArgs":
-            assert any("dataclass" in ast.unparse(d) for d in node.decorator_list), (
-                f"{version_of(root)} ServerArgs is neither importable nor a dataclass")
-            print(f"{version_of(root)}: ServerArgs fields read from its dataclass body")
-            return {n.target.id for n in node.body
-                    if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)}
-    raise LookupError(f"{root.name}: no class ServerArgs in server_args.py")
+    """ServerArgs' fields read from the source: up to 0.5.2x a dataclass (its annotated
+    class attributes), in 0.5.23 a msgspec Struct assembled from the namespaces of
+    arg_groups/fields/ (their annotated attributes). Held against the imported class by
+    test_server_args_fields_read_from_source_are_the_real_ones."""
+    tree = ast.parse((root / "sglang/srt/server_args.py").read_text())
+    cls = next(c for c in tree.body if isinstance(c, ast.ClassDef) and c.name == "ServerArgs")
+    if any("dataclass" in ast.unparse(d) for d in cls.decorator_list):
+        return _annotated(cls, "ServerArgs")
+    groups = sorted((root / "sglang/srt/arg_groups/fields").glob("*.py"))
+    assert groups, f"{version_of(root)} ServerArgs is no dataclass and has no arg_groups/fields"
+    return set().union(*(_annotated(ast.parse(p.read_text())) for p in groups))
 
 
 def _run_installed(root: Path, code: str, env: dict[str, str] | None = None) -> dict | None:
@@ -100,6 +101,19 @@ def test_engine_arguments_are_server_args_fields(root: Path) -> None:
     assert engine_kwargs(BUNDLE / "target", BUNDLE, OPTIONS)["speculative_algorithm"] in members
 
 
+def test_server_args_fields_read_from_source_are_the_real_ones(root: Path) -> None:
+    """The source reading above against the imported class, where the release imports
+    without its dependencies (0.5.23 with vLLM's environment; not 0.5.12.post1)."""
+    real = _run_installed(root, (
+        "import dataclasses, json\nfrom sglang.srt.server_args import ServerArgs\n"
+        "f = getattr(ServerArgs, '__struct_fields__', None) or "
+        "[x.name for x in dataclasses.fields(ServerArgs)]\nprint(json.dumps(sorted(f)))"))
+    if real is None:
+        pytest.skip(f"{version_of(root)}: server_args does not import without SGLang's "
+                    f"dependencies here; its fields were read from source only")
+    assert set(real) == _server_args_fields(root)
+
+
 def test_the_external_model_package_replaces_sglangs_draft_class(root: Path, tmp_path: Path) -> None:
     """SGLang's own registry, given SGLANG_EXTERNAL_MODEL_PACKAGE, resolves the draft's
     architecture to the external class (the adapter's capture route)."""
@@ -116,8 +130,8 @@ def test_the_external_model_package_replaces_sglangs_draft_class(root: Path, tmp
     if resolved is None:
         registry = (root / "sglang/srt/models/registry.py").read_text()
         assert "SGLANG_EXTERNAL_MODEL_PACKAGE" in registry  # read, not executed, here
-        pytest.skip(f"{version_of(root)}: registry not importable without dependencies; "
-                    f"only its source mentions the switch")
+        pytest.skip(f"{version_of(root)}: the registry does not import without SGLang's "
+                    f"dependencies here; only its source was read")
     assert resolved == ["ext_models.rec", "LlamaForCausalLMEagle3"]
 
 
