@@ -6,7 +6,8 @@ adapter is unavailable with a reason instead of failing.
 
 The installed source is read through its AST (tests/sglang_source.py); where a release
 imports without its own dependencies (0.5.23's server_args and model registry do beside
-vLLM's environment plus orjson and IPython, as on the shared machine here; 0.5.12.post1's
+vLLM's environment plus orjson and IPython, as on the development machine, not in a fresh
+CI environment; 0.5.12.post1's
 package __init__ needs torchvision), the real class and registry are also executed, in a
 subprocess so that this session never imports SGLang, and a skip says where they are not.
 """
