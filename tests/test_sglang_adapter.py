@@ -4,12 +4,12 @@ capture route (an external model package replacing `LlamaForCausalLMEagle3`) is 
 SGLang's model registry and finds the attributes it hooks, and without SGLang or a GPU the
 adapter is unavailable with a reason instead of failing.
 
-The installed source is read through its AST (tests/sglang_source.py); where a release
-imports without its own dependencies (0.5.23's server_args and model registry do beside
-vLLM's environment plus orjson and IPython, as on the development machine, not in a fresh
-CI environment; 0.5.12.post1's
-package __init__ needs torchvision), the real class and registry are also executed, in a
-subprocess so that this session never imports SGLang, and a skip says where they are not.
+The installed source is read through its AST (tests/sglang_source.py). Where a release
+imports without its own dependencies, the real class and registry are also executed, in a
+subprocess so that this session never imports SGLang, and a skip says where they are not:
+0.5.23's server_args and model registry import beside vLLM's environment plus orjson and
+IPython (the development machine, not a fresh CI environment); 0.5.12.post1's package
+__init__ needs torchvision.
 """
 
 from __future__ import annotations
