@@ -28,7 +28,7 @@ from harness.options import (
     prepare_report_dir,
     validate,
 )
-from harness.report import render_conformance_table, verdict_line, write_atomic
+from harness.report import kept_sections, render_conformance_table, verdict_line, write_atomic
 
 PROG = "eagle3-conformance"
 DEBUG_ENV = "EAGLE3_CONFORMANCE_DEBUG"
@@ -271,7 +271,12 @@ def cmd_table(a: argparse.Namespace, extra: Sequence[str]) -> int:
         raise CliError(f"cannot read the reports ({str(e).splitlines()[0]}); pass report.json "
                        f"files written by `{PROG} run`") from None
     if a.out:
-        write_atomic(Path(a.out), text)
+        out = Path(a.out)
+        try:
+            text += kept_sections(out.read_text(encoding="utf-8") if out.is_file() else "")
+        except ValueError as e:
+            raise CliError(f"{out}: {e}; close or delete that section") from None
+        write_atomic(out, text)
         print(f"wrote {a.out}")
     else:
         sys.stdout.write(text)
