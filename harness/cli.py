@@ -29,6 +29,10 @@ class CliError(Exception):
     """Bad input; the message is `<problem>; <fix>`."""
 
 
+class RunInterrupted(KeyboardInterrupt):
+    """Ctrl-C reached pytest, which stopped and wrote no report: not a verdict."""
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         raise CliError(f"{message}; see `{self.prog} --help`")
@@ -111,6 +115,7 @@ def _pytest_args(a: argparse.Namespace, bundle: Path, report_dir: Path,
         args += ["-k", a.k]
     if a.xfails:
         args += ["--xfails", str(a.xfails)]
+    args += ["--engine-timeout-scale", str(a.engine_timeout_scale)]
     return args + list(extra)
 
 
@@ -124,13 +129,24 @@ def _read_report(report_dir: Path) -> dict[str, Any] | None:
 def cmd_run(a: argparse.Namespace, extra: Sequence[str]) -> int:
     import pytest
 
+    from harness.run_inputs import run_option_problem
+
+    # cleared first: a run refused below must not leave the previous verdict standing
+    report_dir = _report_dir(Path(a.report_dir) if a.report_dir else Path("reports") / _safe(a.engine))
+    problem = run_option_problem(a.device, a.num_draft_tokens, a.engine_timeout_scale)
+    if problem:
+        raise CliError(problem)
     _check_engine(a.engine)
     bundle = Path(a.bundle) if a.bundle else _default_bundle()
     _check_bundle(bundle, a.draft or ())
     if a.xfails and not Path(a.xfails).is_file():
         raise CliError(f"xfails file {a.xfails} does not exist; pass an existing file or drop --xfails")
-    report_dir = _report_dir(Path(a.report_dir) if a.report_dir else Path("reports") / _safe(a.engine))
     code = int(pytest.main(_pytest_args(a, bundle, report_dir, extra)))
+    if code == pytest.ExitCode.INTERRUPTED:
+        raise RunInterrupted()
+    if code == pytest.ExitCode.NO_TESTS_COLLECTED:
+        raise CliError(f"{'-k ' + repr(a.k) if a.k else 'the selection'} matches no check; list "
+                       f"the checks with `{PROG} run -- --collect-only -q`")
     report = _read_report(report_dir)
     if report is None or code in (pytest.ExitCode.USAGE_ERROR, pytest.ExitCode.INTERNAL_ERROR):
         raise CliError(f"pytest stopped (exit code {code}) before writing a report; its output "
@@ -157,8 +173,11 @@ def _run_engine(engine: str, bundle: Path, out: Path, profile: str, extra: Seque
     module-level cache cannot affect the next one."""
     out.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "-m", "harness.cli", "run", "--engine", engine, "--bundle", str(bundle),
-           "--report-dir", str(out), "--profile", profile, "--", "-q", "-p", "no:cacheprovider",
-           *extra]
+           "--report-dir", str(out), "--profile", profile,
+           # mutants are the in-process reference on a tiny bundle: calls take seconds at most,
+           # so a tenth of the default deadlines catches zoo:capture_hangs in about a minute
+           *(["--engine-timeout-scale", "0.1"] if engine.startswith("zoo:") else []),
+           "--", "-q", "-p", "no:cacheprovider", *extra]
     with (out / "run.log").open("w", encoding="utf-8") as log:
         return subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, check=False).returncode
 
@@ -267,7 +286,14 @@ def cmd_golden_diff(a: argparse.Namespace, extra: Sequence[str]) -> int:
 
 
 def cmd_golden_verify(a: argparse.Namespace, extra: Sequence[str]) -> int:
+    from harness.golden.bundle import MANIFEST
+    from harness.golden.integrity import pinned_problem
+
     bundle = _check_bundle(Path(a.path), ())
+    if a.pinned:
+        problem = pinned_problem(bundle.name, Path(a.path) / MANIFEST)
+        if problem:
+            raise CliError(problem)
     print(f"OK {bundle.name}: drafts {', '.join(bundle.draft_names)}; manifest sha256 "
           f"{bundle.manifest_sha256()[:16]}")
     return 0
@@ -312,6 +338,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="Hypothesis profile (default: ci under CI, else dev)")
     run.add_argument("-k", help="pytest -k expression selecting checks")
     run.add_argument("--xfails", help="known-nonconformance file (default: suites/xfails/<engine>.txt)")
+    run.add_argument("--engine-timeout-scale", type=float, default=1.0, metavar="F",
+                     help="multiply every engine call's deadline (scaled to its work) by F; 0: none")
     run.set_defaults(func=cmd_run)
 
     st = sub.add_parser("selftest", help="run the suite against every bug-zoo mutant",
@@ -341,6 +369,9 @@ def build_parser() -> argparse.ArgumentParser:
     diff.set_defaults(func=cmd_golden_diff)
     verify = gsub.add_parser("verify", help="check a bundle's manifest, hashes and shapes")
     verify.add_argument("path")
+    verify.add_argument("--pinned", action="store_true",
+                        help="also require the manifest digest pinned for the committed bundle "
+                             "(detects a tampered bundle whose hashes were recomputed)")
     verify.set_defaults(func=cmd_golden_verify)
 
     table = sub.add_parser("conformance-table", help="render docs/CONFORMANCE.md from reports")
@@ -365,7 +396,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("error: interrupted", file=sys.stderr)
+        print("error: interrupted (Ctrl-C); no verdict and no report were written — rerun to "
+              "certify", file=sys.stderr)
         return 130
     except Exception as e:
         if os.environ.get(DEBUG_ENV):

@@ -33,13 +33,14 @@ from harness.boundaries import (
 )
 from harness.golden.features import TargetFeatures
 
-CRASH_KINDS = ("engine_crash",)
+CRASH_KINDS = ("engine_crash", "hang")
+VALUE_KINDS = ("non_finite",)  # harness.finite
 CAPTURE_KINDS = ("ok", "offset", "embedding_missing", "order_permuted", "final_boundary_normed",
                  "final_boundary_missing", "residual_missing", "stale_or_skipped", "ids_ignored",
                  "unknown")
 FC_KINDS = ("fc_skipped", "fc_wrong", "fc_on_recurrent_state", "d2t_absolute",
             "draft_kv_not_rolled_back")
-KINDS = CAPTURE_KINDS + FC_KINDS + CRASH_KINDS
+KINDS = CAPTURE_KINDS + FC_KINDS + CRASH_KINDS + VALUE_KINDS
 
 # Relative per-token L2 error at which a state counts as "the same": loose enough for an
 # engine computing the whole target in that dtype, far below the distance between adjacent
@@ -159,7 +160,9 @@ def relative_errors(x: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
     """Per token (last dim reduced), |x - ref| / |ref| in fp32: the one error measure every
     capture and fc comparison uses. Broadcasts, so x [T, H] against ref [C, T, H] gives [C, T]."""
     ref = ref.float()
-    return (x.float() - ref).norm(dim=-1) / ref.norm(dim=-1).clamp_min(1e-12)
+    err = (x.float() - ref).norm(dim=-1) / ref.norm(dim=-1).clamp_min(1e-12)
+    # NaN > rtol is False: a NaN error must count as the worst error, never as a match
+    return torch.nan_to_num(err, nan=math.inf, posinf=math.inf)
 
 
 def _candidates(golden: TargetFeatures) -> tuple[list[Label], torch.Tensor]:

@@ -57,6 +57,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                 help="write report.json, report.md, report.html and junit.xml here")
     g.addoption("--xfails", default=None, metavar="FILE",
                 help="known-nonconformance list (default: suites/xfails/<engine>.txt)")
+    g.addoption("--engine-timeout-scale", type=float, default=1.0, metavar="F",
+                help="multiply every engine call's deadline (scaled to its work, see "
+                     "harness/timeouts.py) by F; 0 turns the deadlines off (default: 1)")
 
 
 # -- session state ---------------------------------------------------------------------------
@@ -115,6 +118,7 @@ class State:
     xfails_path: Path | None = None
     usage_error: str | None = None  # bad input met during collection; stops the run after it
     report: dict[str, Any] | None = None
+    hung: str | None = None  # set when an engine call timed out: later engines are not started
     _bundle: Any = None
 
     def option(self, name: str) -> Any:
@@ -189,8 +193,12 @@ def pytest_configure(config: pytest.Config) -> None:
         except OSError as e:
             raise pytest.UsageError(f"cannot use --report-dir {report_dir} ({e.strerror or e}); "
                                     f"pass a writable folder") from None
-    if config.getoption("num_draft_tokens") < 1:
-        raise pytest.UsageError("--num-draft-tokens must be at least 1")
+    from harness.run_inputs import run_option_problem
+
+    problem = run_option_problem(config.getoption("device"), config.getoption("num_draft_tokens"),
+                                 config.getoption("engine_timeout_scale"))
+    if problem:
+        raise pytest.UsageError(problem)
     name = config.getoption("engine")
     try:
         check_engine_name(name)
@@ -321,12 +329,19 @@ def engine(pytestconfig: pytest.Config, engine_class: type, bundle: Any, draft_n
                             device=pytestconfig.getoption("device"),
                             num_draft_tokens=pytestconfig.getoption("num_draft_tokens"),
                             training_convention=getattr(bundle.draft(draft_name), "convention", None))
+    from harness import timeouts
+
+    if state.hung:
+        pytest.skip(state.hung)
+    budget = timeouts.CallBudget(scale=pytestconfig.getoption("engine_timeout_scale"))
     try:
-        instance = engine_class(bundle.target_dir, bundle.draft_dir(draft_name), options)
-    except EngineUnavailable as e:
+        instance = timeouts.start_engine(
+            lambda: engine_class(bundle.target_dir, bundle.draft_dir(draft_name), options), budget)
+    except (EngineUnavailable, timeouts.EngineHang) as e:
         state.engine_problem = f"engine {state.engine_name} unavailable: {e}"
         report.engine_unavailable = state.engine_problem
         pytest.skip(state.engine_problem)
+    timeouts.BoundedCalls(instance, budget, on_hang=lambda why: setattr(state, "hung", why))
     report.engine_constructions[draft_name] = report.engine_constructions.get(draft_name, 0) + 1
     if report.engine_version is None:
         try:
@@ -336,7 +351,11 @@ def engine(pytestconfig: pytest.Config, engine_class: type, bundle: Any, draft_n
     try:
         yield instance
     finally:
-        instance.close()
+        try:  # a hung engine may not close either; the session goes on without it
+            timeouts.call_with_deadline(instance.close, (), budget.base_s if budget.enabled else None,
+                                        "close")
+        except timeouts.EngineHang:
+            pass
 
 
 # -- outcomes --------------------------------------------------------------------------------
@@ -458,7 +477,10 @@ def _interrupted(session: pytest.Session, exitstatus: int) -> str | None:
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     state = _state(session.config)
     partial = state.junit_tmp
-    bad_input = exitstatus in (pytest.ExitCode.USAGE_ERROR, pytest.ExitCode.INTERNAL_ERROR)
+    # no verdict: bad input, a suite bug, no check selected, or Ctrl-C (a partial run
+    # certifies nothing, so it leaves no report either)
+    bad_input = exitstatus in (pytest.ExitCode.USAGE_ERROR, pytest.ExitCode.INTERNAL_ERROR,
+                               pytest.ExitCode.NO_TESTS_COLLECTED, pytest.ExitCode.INTERRUPTED)
     if bad_input or not (state.conformance_run or state.report_dir):
         if partial is not None:
             partial.unlink(missing_ok=True)
