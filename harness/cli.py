@@ -381,6 +381,24 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _clear_refused_run(argv: Sequence[str]) -> None:
+    """A `run` refused while its arguments were parsed (before cmd_run could clear the report
+    folder) must not leave the previous verdict standing either: clear the folder it names."""
+    if not argv or argv[0] != "run":
+        return
+    given = None
+    for i, arg in enumerate(argv):
+        if arg == "--report-dir" and i + 1 < len(argv):
+            given = argv[i + 1]
+        elif arg.startswith("--report-dir="):
+            given = arg.split("=", 1)[1]
+    if given is not None and Path(given).is_dir():
+        try:
+            clear_reports(Path(given))
+        except OSError:
+            pass
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     extra: list[str] = []
@@ -393,6 +411,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise CliError("arguments after `--` are only for run and selftest")
         return args.func(args, extra)
     except CliError as e:
+        _clear_refused_run(argv)
         print(f"error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
