@@ -16,7 +16,8 @@ calls take (milliseconds per token). A slow machine is not mistaken for a hung e
 hang costs minutes, not forever. Raise the scale on a slower machine or a bigger bundle.
 
 What a timeout can and cannot do: Python cannot kill a thread. An engine that runs in
-worker processes (vLLM) is stopped by closing it (the adapter kills its workers). An
+worker processes (vLLM) is stopped by closing it (the adapter kills its workers; its worker
+protocol also gives up on a reply after a fixed 900 s, `_vllm_worker.CALL_TIMEOUT_S`). An
 in-process engine (the reference, a zoo mutant, most user adapters) keeps its daemon thread
 spinning until the process exits; the suite marks the engine hung, skips its remaining
 checks with that reason, and the process exits normally at the end (daemon threads do not
