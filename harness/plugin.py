@@ -24,7 +24,7 @@ import pytest
 from hypothesis import settings as hypothesis_settings
 from hypothesis.errors import InvalidArgument
 
-from harness import profiles
+from harness import distributed, profiles
 from harness.options import (
     RUN_OPTIONS,
     OptionError,
@@ -188,8 +188,13 @@ def engine(pytestconfig: pytest.Config, engine_class: type, bundle: Any, draft_n
     from harness.engines.base import EngineOptions, EngineUnavailable
 
     state = _state(pytestconfig)
-    options = EngineOptions(dtype=state.dtype() or "float32",
-                            device=pytestconfig.getoption("device"),
+    device = pytestconfig.getoption("device")
+    if device == "cuda" and distributed.is_worker(pytestconfig):
+        import torch
+
+        device = distributed.worker_device(device, distributed.worker_index(pytestconfig),
+                                           torch.cuda.device_count())
+    options = EngineOptions(dtype=state.dtype() or "float32", device=device,
                             num_draft_tokens=pytestconfig.getoption("num_draft_tokens"),
                             training_convention=getattr(bundle.draft(draft_name), "convention", None))
     if state.hung:
@@ -323,10 +328,28 @@ def _interrupted(session: pytest.Session, exitstatus: int) -> str | None:
     return None
 
 
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: Any) -> None:
+    """pytest-xdist, on the controller: a worker finished; fold its record into ours."""
+    payload = getattr(node, "workeroutput", {}).get(distributed.PAYLOAD_KEY)
+    if payload is None:
+        return
+    state = _state(node.config)
+    distributed.merge_payload(state.collector, payload)
+    state.conformance_run = state.conformance_run or payload["conformance_run"]
+    state.engine_info.update(payload["engine_info"])
+    state.unmatched_xfails = state.unmatched_xfails or payload["unmatched_xfails"]
+
+
 @pytest.hookimpl(trylast=True)  # after junitxml has written its file
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     state = _state(session.config)
     partial = state.junit_tmp
+    if distributed.is_worker(session.config):  # the controller writes the one report
+        session.config.workeroutput[distributed.PAYLOAD_KEY] = distributed.collector_payload(
+            state.collector, conformance_run=state.conformance_run,
+            engine_info=state.engine_info, unmatched_xfails=state.unmatched_xfails)
+        return
     # no verdict: bad input, a suite bug, no check selected, or Ctrl-C (a partial run
     # certifies nothing, so it leaves no report either)
     bad_input = exitstatus in (pytest.ExitCode.USAGE_ERROR, pytest.ExitCode.INTERNAL_ERROR,
@@ -338,6 +361,11 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if not state.resolved:  # no check ran the engine; the report still names its class, dtype
         try:
             state.resolve()
+        except pytest.UsageError:
+            pass
+    if state._bundle is None and state.conformance_run:  # an xdist controller ran no check
+        try:
+            state.bundle()
         except pytest.UsageError:
             pass
     cls = state.engine_cls
