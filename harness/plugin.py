@@ -34,7 +34,8 @@ from harness.report import (
     write_reports,
 )
 
-PLUGIN_FIXTURES = frozenset({"bundle", "draft_name", "engine", "engine_class", "report"})
+PLUGIN_FIXTURES = frozenset({"bundle", "draft_name", "engine", "engine_class", "engine_options",
+                             "report"})
 DTYPES = ("float32", "bfloat16", "float16")
 JUNIT_PARTIAL = ".junit.xml.partial"
 
@@ -310,17 +311,27 @@ def engine_class(pytestconfig: pytest.Config) -> type:
 
 
 @pytest.fixture(scope="session")
-def engine(pytestconfig: pytest.Config, engine_class: type, bundle: Any, draft_name: str,
-           report: ReportCollector) -> Any:
+def engine_options(pytestconfig: pytest.Config, engine_class: type) -> Any:
+    """The run's EngineOptions (no training convention: that is the draft's)."""
+    from harness.engines.base import EngineOptions
+
+    return EngineOptions(dtype=_state(pytestconfig).dtype() or "float32",
+                         device=pytestconfig.getoption("device"),
+                         num_draft_tokens=pytestconfig.getoption("num_draft_tokens"))
+
+
+@pytest.fixture(scope="session")
+def engine(pytestconfig: pytest.Config, engine_class: type, engine_options: Any, bundle: Any,
+           draft_name: str, report: ReportCollector) -> Any:
     """The engine serving the bundle's target with this draft: built once per draft, closed
     when the checks move to the next draft (or at session end)."""
-    from harness.engines.base import EngineOptions, EngineUnavailable
+    from dataclasses import replace
+
+    from harness.engines.base import EngineUnavailable
 
     state = _state(pytestconfig)
-    options = EngineOptions(dtype=state.dtype() or "float32",
-                            device=pytestconfig.getoption("device"),
-                            num_draft_tokens=pytestconfig.getoption("num_draft_tokens"),
-                            training_convention=getattr(bundle.draft(draft_name), "convention", None))
+    options = replace(engine_options,
+                      training_convention=getattr(bundle.draft(draft_name), "convention", None))
     try:
         instance = engine_class(bundle.target_dir, bundle.draft_dir(draft_name), options)
     except EngineUnavailable as e:

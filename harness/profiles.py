@@ -25,6 +25,16 @@ settings.register_profile("nightly", max_examples=200, deadline=None, print_blob
                           suppress_health_check=_SLOW_IS_FINE)
 
 
+# The layer-id check serves a new draft (a new engine: ~15 s for vLLM on a CPU) for most
+# examples, so it draws fewer than the other checks; its probes and fixes run in every profile.
+LAYER_ID_EXAMPLES = {"dev": 4, "ci": 5, "nightly": 100}
+
+
+def layer_id_examples(profile: str | None = None) -> int:
+    """max_examples of each drawn layer-id property under `profile` (default: the loaded one)."""
+    return LAYER_ID_EXAMPLES.get(profile or settings.get_current_profile_name(), LAYER_ID_EXAMPLES["ci"])
+
+
 def _truthy(value: str | None) -> bool:
     return bool(value) and value.strip().lower() not in ("0", "false", "no", "off")
 
