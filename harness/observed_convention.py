@@ -103,17 +103,59 @@ def _trainer_verdict(trainer: str, served: list[Observation]) -> dict[str, Any]:
             wrong.append(f"ids {list(obs.ids)} crash ({obs.crash})")
         elif list(obs.slots or ()) != meant:
             wrong.append(f"ids {list(obs.ids)} -> slots {list(obs.slots or ())}, trained {meant}")
+    shown = "; ".join(wrong[:3]) + (f"; {len(wrong) - 3} more" if len(wrong) > 3 else "")
     verdict = ("not measured (no served list is one this trainer writes)" if not checked
                else f"served as trained on all {checked} list(s)" if not wrong
-               else f"misfed on {len(wrong)} of {checked} list(s): " + "; ".join(wrong))
+               else f"misfed on {len(wrong)} of {checked} list(s): {shown}")
     return {"served_correctly": bool(checked) and not wrong, "lists_checked": checked,
             "verdict": verdict}
+
+
+# Which trainer's ids each rule reads as trained (harness.boundaries conventions).
+_RULE_SERVES = {"b = id": {"eagle3-original": ""},
+                "b = id + 1": {"specforge": "", "embedding-minus-one": " (ids >= 0 only)"}}
+
+
+def _serves(rule: str, order: str, crashes: list[dict[str, Any]]) -> dict[str, str]:
+    """From the inferred rule: which trainers' drafts it serves as trained, and when."""
+    caveats = []
+    if order == "ascending":
+        caveats.append("only when the ids are listed in ascending order (slots are re-sorted)")
+    if crashes:
+        caveats.append("never with the lists that crash (" + "; ".join(
+            str(c["ids"]) for c in crashes[:4]) + ("; ..." if len(crashes) > 4 else "") + ")")
+    tail = ("; " + "; ".join(caveats)) if caveats else ""
+    out = {}
+    for t in TRAINERS:
+        if rule in _RULE_SERVES:
+            hit = _RULE_SERVES[rule].get(t)
+            out[t] = (f"yes{hit}{tail}" if hit is not None else
+                      "no: every slot is " + ("one boundary early" if rule == "b = id" else
+                                              "one boundary late"))
+        elif "PR #25454" in rule:
+            out[t] = {"eagle3-original": "only when the first id is not 1",
+                      "specforge": "only when the first id is 1",
+                      "embedding-minus-one": "only when the first id is 1"}[t] + tail
+        elif rule == DEFAULTS:
+            out[t] = "only drafts trained on the default boundaries (2, N//2, N-3)"
+        else:
+            out[t] = "not determined"
+    return out
+
+
+def _grouped_crashes(observations: Sequence[Observation]) -> list[dict[str, Any]]:
+    """One entry per distinct error, with every id list that raised it."""
+    by_error: dict[str, list[list[int]]] = {}
+    for o in sorted(observations, key=lambda o: (len(o.ids), o.ids)):
+        if o.crash is not None:
+            by_error.setdefault(o.crash, []).append(list(o.ids))
+    return [{"ids": ids[0], "all_ids": ids, "error": error} for error, ids in by_error.items()]
 
 
 def infer_layout(observations: Sequence[Observation]) -> dict[str, Any]:
     """The rule one layout's observations support (see the module docstring)."""
     read = [o for o in observations if o.crash is None and o.slots is not None]
-    crashes = [{"ids": list(o.ids), "error": o.crash} for o in observations if o.crash is not None]
+    crashes = _grouped_crashes(observations)
     clean = [o for o in read if all(isinstance(s, int) for s in o.slots or ())]
     other = [o for o in read if o not in clean]
     fits = [(r, od) for r in RULES for od in ORDERS if clean and all(_explains(r, od, o) for o in clean)]
@@ -148,6 +190,7 @@ def infer_layout(observations: Sequence[Observation]) -> dict[str, Any]:
         "crashes": crashes,
         "unexplained": [{"ids": list(o.ids), "slots": list(o.slots or ())} for o in other],
         "trainers": {t: _trainer_verdict(t, list(observations)) for t in TRAINERS},
+        "serves": _serves(rule, order, crashes),
     }
 
 
@@ -206,11 +249,12 @@ def summary_line(entry: dict[str, Any]) -> str:
     text = f"{entry['rule']}; slots in {entry['slot_order']}"
     if entry.get("also_consistent"):
         text += f" (also consistent: {'; '.join(entry['also_consistent'])})"
-    if entry.get("crashes"):
-        text += "; crashes: " + "; ".join(f"ids {c['ids']}: {c['error']}" for c in entry["crashes"])
-    served = [t for t, v in entry.get("trainers", {}).items() if v["served_correctly"]]
-    return text + (f"; serves {' and '.join(served)} drafts as trained on every list served"
-                   if served else "; serves no trainer's drafts as trained on every list served")
+    text += {True: "; reads the ids", False: "; ignores the ids", None: ""}[entry.get("reads_ids")]
+    for c in entry.get("crashes", []):
+        lists = c.get("all_ids") or [c["ids"]]
+        text += (f"; ids {', '.join(str(i) for i in lists[:4])}{' ...' if len(lists) > 4 else ''} "
+                 f"crash: {c['error']}")
+    return text
 
 
 def fix_result(ids: Sequence[int], layout: str, trained: Sequence[int], suggested: bool,

@@ -412,7 +412,9 @@ def _observed_markdown(observed: dict[str, Any] | None, level: str) -> list[str]
     for layout, entry in observed.get("layouts", {}).items():
         out.append(f"- **{_md_cell(layout)}**: {_md_cell(summary_line(entry))}")
         for trainer, verdict in entry.get("trainers", {}).items():
-            out.append(f"  - {trainer} drafts: {_md_cell(verdict['verdict'])}")
+            serves = (entry.get("serves") or {}).get(trainer, "")
+            out.append(f"  - {trainer} drafts served as trained: {_md_cell(serves)}; measured: "
+                       f"{_md_cell(verdict['verdict'])}")
         lists = "; ".join(f"{c['ids']} -> {c['slots'] if c['crash'] is None else 'crash'}"
                           for c in entry.get("lists", []))
         out.append(f"  - lists served (ids -> slots): {_md_cell(lists)}")
@@ -486,6 +488,24 @@ def _device(report: dict[str, Any]) -> str:
     return str((report.get("options") or {}).get("device") or "cpu")
 
 
+def observed_conventions_markdown(reports: Sequence[dict[str, Any]]) -> list[str]:
+    """docs/CONFORMANCE.md's "Observed layer-id conventions": each engine's measured rule per
+    config layout, from the reports whose run included the layer-id check."""
+    measured = [r for r in reports if (r.get("observed_convention") or {}).get("layouts")]
+    if not measured:
+        return []
+    out = ["", "## Observed layer-id conventions", "",
+           "What each engine did with the layer ids of every draft config `test_layer_ids.py` "
+           "served it (Hypothesis-drawn lists, probes, the bundle drafts' suggested fixes), per "
+           "config layout: `specforge-nested` = `eagle_config.eagle_aux_hidden_state_layer_ids`, "
+           "`speculators-top-level` = top-level ids with `speculators_model_type`."]
+    for r in measured:
+        out += ["", f"### {r['engine'].get('name')} {r['engine'].get('version') or ''} "
+                    f"({_device(r)}, {r.get('dtype')})"]
+        out += _observed_markdown(r["observed_convention"], "####")[4:]
+    return out
+
+
 def render_conformance_table(report_jsons: Sequence[Path]) -> str:
     """docs/CONFORMANCE.md: one section per engine, every check with its result and diagnosis.
 
@@ -511,6 +531,7 @@ def render_conformance_table(report_jsons: Sequence[Path]) -> str:
         out.append(f"| {_md_cell(r['engine'].get('name'))} | {_md_cell(r['engine'].get('version'))} | "
                    f"{_md_cell(_device(r))} | {_md_cell(r.get('dtype'))} | {s['verdict']} | "
                    f"{s['passed']} | {s['failed']} | {s['skipped']} | {s.get('xfailed', 0)} |")
+    out += observed_conventions_markdown(reports)
     for r in reports:
         e, b = r["engine"], r.get("bundle") or {}
         metrics = r.get("metrics") or {}
@@ -523,7 +544,6 @@ def render_conformance_table(report_jsons: Sequence[Path]) -> str:
             out.append(f"- acceptance length ({r.get('primary_draft')}): "
                        f"{metrics['acceptance_length']} (training predicted "
                        f"{metrics.get('predicted_acceptance_length')})")
-        out += _observed_markdown(r.get("observed_convention"), "###")
         out += ["", "| check | draft | result | diagnosis |", "|---|---|---|---|"]
         for c in sorted(r["checks"], key=lambda c: (c["id"], str(c.get("draft")))):
             out.append(f"| `{_md_cell(c['id'])}` | {_md_cell(c.get('draft') or '—')} | "

@@ -23,11 +23,12 @@ Engines are expensive (a vLLM worker takes ~15 s to start on a CPU), so one engi
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, given, reject, settings
 from hypothesis import strategies as st
 
 from harness.assertions import (
@@ -52,7 +53,7 @@ from harness.golden.draft_factory import FORMATS, NESTED, DraftFactory
 from harness.golden.oracle import Oracle
 from harness.lint import lint_draft
 from harness.observed_convention import TRAINERS, Observation, fix_result, literal_ids, trained_as
-from harness.profiles import layer_id_examples
+from harness.profiles import layer_id_examples, layer_id_startup_budget_s
 from harness.strategies import invalid_layer_id_configs, layer_id_configs, prompts
 
 # Lists that tell the candidate rules apart: [1, 5, 3] is unsorted (slot order) and starts
@@ -90,6 +91,16 @@ class ServedDrafts:
         self._crashes: dict[tuple, tuple[str, list]] = {}
         self._captures: dict[tuple, Capture] = {}
         self._live: tuple[tuple, Engine] | None = None
+        self.budget_s: float | None = None  # start-up seconds left to the running property
+        self.rejected = 0
+
+    def limit(self, seconds: float | None) -> None:
+        """Start-up seconds the next calls may spend on new configs (None: no limit)."""
+        self.budget_s, self.rejected = seconds, 0
+
+    def is_new(self, ids: Sequence[int], layout: str, told: str | None) -> bool:
+        key = (tuple(ids), layout, self.told_key(told))
+        return key not in self._crashes and not (self._live is not None and self._live[0] == key)
 
     def told_key(self, told: str | None) -> str | None:
         """Only an engine that honours training reads the convention it is told."""
@@ -100,11 +111,15 @@ class ServedDrafts:
             return self._live[1]
         self.close()
         ids, layout, told = key
+        started = time.monotonic()
         try:
             engine = self.engine_class(self.oracle.bundle.target_dir, self.factory.folder(ids, layout),
                                        replace(self.options, training_convention=told))
         except EngineUnavailable as e:
             pytest.skip(f"engine {self.engine_class.name} unavailable: {e}")
+        finally:
+            if self.budget_s is not None:
+                self.budget_s -= time.monotonic() - started
         self._live = (key, engine)
         return engine
 
@@ -196,15 +211,29 @@ def told_conventions(engine_class: type) -> dict[str, Convention]:
 _SLOW = [HealthCheck.too_slow, HealthCheck.filter_too_much]
 
 
+@pytest.fixture
+def budgeted(served: ServedDrafts, report, request: pytest.FixtureRequest) -> ServedDrafts:
+    """`served` with this test's start-up budget (harness.profiles.LAYER_ID_STARTUP_BUDGET_S);
+    how many drawn examples it turned away lands in the report."""
+    served.limit(layer_id_startup_budget_s())
+    yield served
+    if served.rejected:
+        report.metric("layer-ids", f"{request.node.name}: examples past the start-up budget",
+                      served.rejected)
+    served.limit(None)
+
+
 @pytest.mark.parametrize("layout", FORMATS)
-@settings(max_examples=layer_id_examples(), suppress_health_check=_SLOW)
+@settings(max_examples=layer_id_examples(),
+          suppress_health_check=[*_SLOW, HealthCheck.function_scoped_fixture])
 @given(data=st.data())
-def test_drawn_layer_ids_served_as_trained(layout: str, engine_class: type, served: ServedDrafts,
+def test_drawn_layer_ids_served_as_trained(layout: str, engine_class: type, budgeted: ServedDrafts,
                                            oracle: Oracle, data: st.DataObject) -> None:
     """Hypothesis draws the training convention, 1..4 ids (embedding and final boundary
     included, any order) and a prompt; each engine slot must hold the boundary the ids mean
     under that convention, in config order. Failures shrink to the shortest id list."""
     require(engine_class, Capability.CAPTURE)
+    served = budgeted
     conventions = told_conventions(engine_class)
     told = data.draw(st.sampled_from(sorted(conventions)), label="training convention")
     n = served.num_layers
@@ -213,7 +242,11 @@ def test_drawn_layer_ids_served_as_trained(layout: str, engine_class: type, serv
     outside = (~draft.t2d).nonzero().flatten()[3:].tolist()
     prompt = data.draw(prompts(draft.cfg.vocab_size, oracle.pinned_prompts, 32, outside), label="prompt")
     trained = ids_to_boundaries(ids, conventions[told], n)
-    served.check(ids, layout, told if told in TRAINERS else None, trained, [prompt],
+    told_name = told if told in TRAINERS else None
+    if served.budget_s is not None and served.budget_s <= 0 and served.is_new(ids, layout, told_name):
+        served.rejected += 1
+        reject()  # past the start-up budget: only configs already served are drawn on
+    served.check(ids, layout, told_name, trained, [prompt],
                  f"test_drawn_layer_ids_served_as_trained[{layout}]")
 
 
