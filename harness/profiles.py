@@ -31,8 +31,8 @@ LAYER_ID_EXAMPLES = {"dev": 4, "ci": 5, "nightly": 100}
 # Seconds of engine start-up one drawn layer-id property may spend on new configs (examples and
 # shrink steps); past it, examples naming an unserved config are rejected, so generation and
 # shrinking continue on the configs already up. A reference engine starts in well under a
-# second and never reaches it; a vLLM worker takes ~15 s, so ci serves one or two per layout.
-LAYER_ID_STARTUP_BUDGET_S = {"dev": 20.0, "ci": 20.0, "nightly": None}
+# second and serves dozens; a vLLM worker takes ~15 s, so ci serves the first config per layout.
+LAYER_ID_STARTUP_BUDGET_S = {"dev": 10.0, "ci": 10.0, "nightly": None}
 
 
 def layer_id_examples(profile: str | None = None) -> int:

@@ -103,3 +103,9 @@ def invalid_layer_id_configs(draw: st.DrawFn, convention: str | Convention,
     at = draw(st.integers(0, len(ids)))
     return tuple(ids[:at] + [bad] + ids[at:])
 
+
+
+def pinned_prompt_rows(num_pinned: int, max_size: int = 3) -> st.SearchStrategy[list[int]]:
+    """1..max_size distinct rows of the pinned prompt set: for checks that serve a new engine
+    per example and capture every pinned prompt at once, so any rows are free to draw."""
+    return st.lists(st.integers(0, num_pinned - 1), min_size=1, max_size=max_size, unique=True)

@@ -54,7 +54,7 @@ from harness.golden.oracle import Oracle
 from harness.lint import lint_draft
 from harness.observed_convention import TRAINERS, Observation, fix_result, literal_ids, trained_as
 from harness.profiles import layer_id_examples, layer_id_startup_budget_s
-from harness.strategies import invalid_layer_id_configs, layer_id_configs, prompts
+from harness.strategies import invalid_layer_id_configs, layer_id_configs, pinned_prompt_rows
 
 # Lists that tell the candidate rules apart: [1, 5, 3] is unsorted (slot order) and starts
 # with 1 (SGLang PR #25454's condition), [4] does not; [-1, 4] only for "-1 = embedding".
@@ -99,8 +99,10 @@ class ServedDrafts:
         self.budget_s, self.rejected = seconds, 0
 
     def is_new(self, ids: Sequence[int], layout: str, told: str | None) -> bool:
+        """Never served: serving it needs an engine start (a served config is answered from
+        its pinned-prompt capture or its crash)."""
         key = (tuple(ids), layout, self.told_key(told))
-        return key not in self._crashes and not (self._live is not None and self._live[0] == key)
+        return key not in self._crashes and not any(k == key for k, _ in self._captures)
 
     def told_key(self, told: str | None) -> str | None:
         """Only an engine that honours training reads the convention it is told."""
@@ -125,12 +127,24 @@ class ServedDrafts:
 
     def capture(self, ids: Sequence[int], layout: str, told: str | None,
                 batch: Sequence[Sequence[int]]) -> Capture | tuple[str, list]:
-        """The capture, or (crash message, its diagnoses)."""
+        """The capture, or (crash message, its diagnoses). A batch of pinned prompts is cut from
+        one capture of the whole pinned set, so a config once served never needs its engine
+        again (Hypothesis replays and shrinks without start-ups)."""
         ids = tuple(ids)
         key = (ids, layout, self.told_key(told))
         if key in self._crashes:
             return self._crashes[key]
-        memo = (key, tuple(tuple(p) for p in batch))
+        pinned = [tuple(p) for p in self.oracle.pinned_prompts]
+        wanted = [tuple(p) for p in batch]
+        if all(p in pinned for p in wanted):
+            whole = self.capture(ids, layout, told, pinned) if wanted != pinned else None
+            if whole is not None:
+                if isinstance(whole, tuple):
+                    return whole
+                rows = [pinned.index(p) for p in wanted]
+                return Capture(features=[whole.features[i] for i in rows],
+                               fc_out=None if whole.fc_out is None else [whole.fc_out[i] for i in rows])
+        memo = (key, tuple(wanted))
         if memo not in self._captures:
             try:
                 self._captures[memo] = self._engine(key).capture(batch)
@@ -223,61 +237,6 @@ def budgeted(served: ServedDrafts, report, request: pytest.FixtureRequest) -> Se
     served.limit(None)
 
 
-@pytest.mark.parametrize("layout", FORMATS)
-@settings(max_examples=layer_id_examples(),
-          suppress_health_check=[*_SLOW, HealthCheck.function_scoped_fixture])
-@given(data=st.data())
-def test_drawn_layer_ids_served_as_trained(layout: str, engine_class: type, budgeted: ServedDrafts,
-                                           oracle: Oracle, data: st.DataObject) -> None:
-    """Hypothesis draws the training convention, 1..4 ids (embedding and final boundary
-    included, any order) and a prompt; each engine slot must hold the boundary the ids mean
-    under that convention, in config order. Failures shrink to the shortest id list."""
-    require(engine_class, Capability.CAPTURE)
-    served = budgeted
-    conventions = told_conventions(engine_class)
-    told = data.draw(st.sampled_from(sorted(conventions)), label="training convention")
-    n = served.num_layers
-    ids = data.draw(layer_id_configs(conventions[told], n), label="layer ids")
-    draft = oracle.draft(served.factory.base)
-    outside = (~draft.t2d).nonzero().flatten()[3:].tolist()
-    prompt = data.draw(prompts(draft.cfg.vocab_size, oracle.pinned_prompts, 32, outside), label="prompt")
-    trained = ids_to_boundaries(ids, conventions[told], n)
-    told_name = told if told in TRAINERS else None
-    if served.budget_s is not None and served.budget_s <= 0 and served.is_new(ids, layout, told_name):
-        served.rejected += 1
-        reject()  # past the start-up budget: only configs already served are drawn on
-    served.check(ids, layout, told_name, trained, [prompt],
-                 f"test_drawn_layer_ids_served_as_trained[{layout}]")
-
-
-@pytest.mark.parametrize("layout", FORMATS)
-def test_observed_convention_as_declared(layout: str, engine_class: type, served: ServedDrafts,
-                                         oracle: Oracle, report) -> None:
-    """The probes, and every config served before in this layout, read the way the engine's
-    declared rule (for an engine that honours training: the told trainer's) says: ascending
-    where it sorts, its defaults nowhere, its offset everywhere."""
-    require(engine_class, Capability.CAPTURE)
-    n, batch = served.num_layers, oracle.pinned_prompts
-    for told, conv in told_conventions(engine_class).items():
-        declared = engine_class.convention or told
-        told_name = told if told in TRAINERS else None
-        diagnoses = []
-        for ids in PROBES:
-            try:
-                ids_to_boundaries(ids, conv, n)  # a list this trainer writes
-                expected = ids_to_boundaries(ids, declared, n)  # what the declared rule captures
-            except LayerIdError:
-                continue
-            result = served.serve(ids, layout, told_name, expected, batch,
-                                  f"test_observed_convention_as_declared[{layout}]")
-            if result.failure is not None:
-                diagnoses.extend(result.failure.diagnoses)
-        key = served.told_key(told_name)
-        seen = [Observation.from_json(o) for o in report.observations.values()
-                if o["layout"] == layout and o.get("told") == key]
-        assert_convention_as_declared(declared, layout, seen, diagnoses)
-
-
 def test_suggested_fix_verified(engine: Engine, oracle: Oracle, spec: DraftSpec, draft_name: str,
                                 served: ServedDrafts, report) -> None:
     """A bundle draft whose capture is diagnosed with suggested ids is re-served with them and
@@ -321,6 +280,62 @@ def test_suggested_fix_verified(engine: Engine, oracle: Oracle, spec: DraftSpec,
     report.fix(draft_name, {"ids": list(ids), "layout": layout, "suggested": suggested,
                             "diagnosis_kind": None if diag is None else diag.kind, "result": text})
     assert_fix_holds(text, holds, [] if result.failure is None else result.failure.diagnoses)
+
+
+@pytest.mark.parametrize("layout", FORMATS)
+@settings(max_examples=layer_id_examples(), report_multiple_bugs=False,
+          suppress_health_check=[*_SLOW, HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_drawn_layer_ids_served_as_trained(layout: str, engine_class: type, budgeted: ServedDrafts,
+                                           oracle: Oracle, data: st.DataObject) -> None:
+    """Hypothesis draws the training convention, 1..4 ids (embedding and final boundary
+    included, any order) and 1..3 pinned prompts; each engine slot must hold the boundary the ids mean
+    under that convention, in config order. Failures shrink to the shortest id list."""
+    require(engine_class, Capability.CAPTURE)
+    served = budgeted
+    conventions = told_conventions(engine_class)
+    told = data.draw(st.sampled_from(sorted(conventions)), label="training convention")
+    n = served.num_layers
+    ids = data.draw(layer_id_configs(conventions[told], n), label="layer ids")
+    pinned = oracle.pinned_prompts
+    # Pinned prompts (lengths 1..32, committed golden features): a config is captured on all of
+    # them at once, so examples and shrink steps on a served config cost no start-up.
+    rows = data.draw(pinned_prompt_rows(len(pinned)), label="pinned prompts")
+    trained = ids_to_boundaries(ids, conventions[told], n)
+    told_name = told if told in TRAINERS else None
+    if served.budget_s is not None and served.budget_s <= 0 and served.is_new(ids, layout, told_name):
+        served.rejected += 1
+        reject()  # past the start-up budget: only configs already served are drawn on
+    served.check(ids, layout, told_name, trained, [pinned[i] for i in rows],
+                 f"test_drawn_layer_ids_served_as_trained[{layout}]")
+
+
+@pytest.mark.parametrize("layout", FORMATS)
+def test_observed_convention_as_declared(layout: str, engine_class: type, served: ServedDrafts,
+                                         oracle: Oracle, report) -> None:
+    """The probes, and every config served before in this layout, read the way the engine's
+    declared rule (for an engine that honours training: the told trainer's) says: ascending
+    where it sorts, its defaults nowhere, its offset everywhere."""
+    require(engine_class, Capability.CAPTURE)
+    n, batch = served.num_layers, oracle.pinned_prompts
+    for told, conv in told_conventions(engine_class).items():
+        declared = engine_class.convention or told
+        told_name = told if told in TRAINERS else None
+        diagnoses = []
+        for ids in PROBES:
+            try:
+                ids_to_boundaries(ids, conv, n)  # a list this trainer writes
+                expected = ids_to_boundaries(ids, declared, n)  # what the declared rule captures
+            except LayerIdError:
+                continue
+            result = served.serve(ids, layout, told_name, expected, batch,
+                                  f"test_observed_convention_as_declared[{layout}]")
+            if result.failure is not None:
+                diagnoses.extend(result.failure.diagnoses)
+        key = served.told_key(told_name)
+        seen = [Observation.from_json(o) for o in report.observations.values()
+                if o["layout"] == layout and o.get("told") == key]
+        assert_convention_as_declared(declared, layout, seen, diagnoses)
 
 
 @settings(max_examples=25, suppress_health_check=_SLOW)
