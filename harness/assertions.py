@@ -26,7 +26,9 @@ from harness.engines.base import Capability, Engine
 from harness.golden.features import TargetFeatures
 from harness.report import ConformanceFailure
 
-__all__ = ["ConformanceFailure", "assert_capture_matches", "divergence", "require", "worst_tokens"]
+__all__ = ["ConformanceFailure", "assert_capture_matches", "assert_capture_matches_oracle",
+           "assert_convention_as_declared", "assert_fix_holds", "divergence", "require",
+           "worst_tokens"]
 
 
 def require(engine: Engine, capability: Capability) -> None:
@@ -121,6 +123,18 @@ def assert_capture_matches(*, features: Sequence[torch.Tensor], golden: Sequence
             + f" (worst relative error {worst:.3g}; tolerance: {tol}). {diag.message}\n"
             f"{reproducer(engine_name, draft, prompts, check)}", [diag])
     return diag
+
+
+def assert_capture_matches_oracle(*, features: Sequence[torch.Tensor], oracle,
+                                  prompts: Sequence[Sequence[int]], dtype: str,
+                                  **judged) -> Diagnosis:
+    """assert_capture_matches with the golden features and (reduced precision only) routing
+    margins of `prompts` from `oracle` (harness.golden.oracle.Oracle); `judged`: the rest of
+    assert_capture_matches' arguments."""
+    return assert_capture_matches(
+        features=features, golden=[oracle.features(p) for p in prompts], dtype=dtype,
+        prompts=prompts, margins=[oracle.routing_margins(p) for p in prompts]
+        if dtype != "float32" else None, **judged)
 
 
 # fp32 logit gap a near-tie must fall within to excuse a flipped greedy token, per dtype.

@@ -33,7 +33,7 @@ from hypothesis import strategies as st
 
 from harness.assertions import (
     ConformanceFailure,
-    assert_capture_matches,
+    assert_capture_matches_oracle,
     assert_convention_as_declared,
     assert_fix_holds,
     require,
@@ -173,14 +173,12 @@ class ServedDrafts:
             return Served(ids, layout, crash=message, failure=ConformanceFailure(
                 f"ids {list(ids)} ({layout} config) crashed the engine: {message} (a config that "
                 f"crashed is not restarted for other prompts)", diagnoses))
-        dtype = self.options.dtype
         try:
-            diag = assert_capture_matches(
-                features=out.features, golden=[self.oracle.features(p) for p in batch],
-                training_boundaries=list(trained), dtype=dtype, engine_name=self.engine_class.name,
+            diag = assert_capture_matches_oracle(
+                features=out.features, oracle=self.oracle, prompts=batch, dtype=self.options.dtype,
+                training_boundaries=list(trained), engine_name=self.engine_class.name,
                 engine_convention=self.engine_class.convention, config_ids=ids,
-                draft=f"ids {list(ids)} ({layout})", prompts=batch, check=check,
-                margins=[self.oracle.routing_margins(p) for p in batch] if dtype != "float32" else None)
+                draft=f"ids {list(ids)} ({layout})", check=check)
             failure = None
         except ConformanceFailure as f:
             diag, failure = f.diagnoses[0], f
@@ -248,12 +246,11 @@ def test_suggested_fix_verified(engine: Engine, oracle: Oracle, spec: DraftSpec,
     check = f"test_suggested_fix_verified[{draft_name}]"
     try:
         capture = engine.capture(batch)
-        diag = assert_capture_matches(
-            features=capture.features, golden=[oracle.features(p) for p in batch],
-            training_boundaries=spec.boundaries, dtype=engine.options.dtype, engine_name=engine.name,
+        diag = assert_capture_matches_oracle(
+            features=capture.features, oracle=oracle, prompts=batch, dtype=engine.options.dtype,
+            training_boundaries=spec.boundaries, engine_name=engine.name,
             engine_convention=engine.convention, config_ids=spec.layer_ids, draft=draft_name,
-            prompts=batch, check=check, margins=[oracle.routing_margins(p) for p in batch]
-            if engine.options.dtype != "float32" else None)
+            check=check)
     except ConformanceFailure as failure:
         diag = failure.diagnoses[0]
     except EngineCrash as crash:
