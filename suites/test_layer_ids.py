@@ -315,10 +315,11 @@ def test_observed_convention_as_declared(layout: str, engine_class: type, served
     where it sorts, its defaults nowhere, its offset everywhere."""
     require(engine_class, Capability.CAPTURE)
     n, batch = served.num_layers, oracle.pinned_prompts
+    judged = []
     for told, conv in told_conventions(engine_class).items():
         declared = engine_class.convention or told
         told_name = told if told in TRAINERS else None
-        diagnoses = []
+        diagnoses: list[Diagnosis] = []
         for ids in PROBES:
             try:
                 ids_to_boundaries(ids, conv, n)  # a list this trainer writes
@@ -329,7 +330,8 @@ def test_observed_convention_as_declared(layout: str, engine_class: type, served
                                   f"test_observed_convention_as_declared[{layout}]")
             if result.failure is not None:
                 diagnoses.extend(result.failure.diagnoses)
-        key = served.told_key(told_name)
+        judged.append((declared, served.told_key(told_name), diagnoses))
+    for declared, key, diagnoses in judged:  # every told convention probed before any verdict
         seen = [Observation.from_json(o) for o in report.observations.values()
                 if o["layout"] == layout and o.get("told") == key]
         assert_convention_as_declared(declared, layout, seen, diagnoses)
