@@ -77,3 +77,30 @@ def test_fix_wording() -> None:
 def test_observation_json_round_trip() -> None:
     o = _obs([-1, 4], [0, "final_normed"], told="embedding-minus-one")
     assert Observation.from_json(o.to_json()) == o
+
+
+def test_report_carries_the_observed_convention(tmp_path) -> None:
+    """report.json's `observed_convention` is always there (a stable key), and report.md and
+    the conformance table print the rule and each fix's result."""
+    import json
+
+    from harness.report import ReportCollector, render_conformance_table, render_markdown
+
+    empty = ReportCollector().build(engine={"name": "e"}, bundle={}, drafts=[], dtype="float32",
+                                    started=0.0, finished=1.0)
+    assert empty["observed_convention"] == {"layouts": {}, "formats_read": [], "fixes": []}
+    collector = ReportCollector()
+    collector.observe(_obs([1, 5, 3], [1, 3, 5]))
+    collector.observe(_obs([1, 5, 3], [9, 9, 9]))  # the first observation of a config stays
+    collector.observe(_obs([0], crash="TypeError: + NoneType"))
+    collector.fix("single-aux", {"ids": [4], "layout": NESTED, "result": "fix verified: ids [4]"})
+    report = collector.build(engine={"name": "e"}, bundle={}, drafts=[], dtype="float32",
+                             started=0.0, finished=1.0)
+    layout = report["observed_convention"]["layouts"][NESTED]
+    assert layout["rule"] == "b = id" and layout["slot_order"] == "ascending"
+    md = render_markdown(report)
+    assert "## Observed layer-id convention" in md and "fix verified: ids [4]" in md
+    assert "TypeError: + NoneType" in md
+    path = tmp_path / "report.json"
+    path.write_text(json.dumps(report))
+    assert "## Observed layer-id conventions" in render_conformance_table([path])
