@@ -113,7 +113,7 @@ def _trainer_verdict(trainer: str, served: list[Observation]) -> dict[str, Any]:
 
 # Which trainer's ids each rule reads as trained (harness.boundaries conventions).
 _RULE_SERVES = {"b = id": {"eagle3-original": ""},
-                "b = id + 1": {"specforge": "", "embedding-minus-one": " (ids >= 0 only)"}}
+                "b = id + 1": {"specforge": "", "embedding-minus-one": ""}}
 
 
 def _serves(rule: str, order: str, crashes: list[dict[str, Any]]) -> dict[str, str]:
