@@ -10,24 +10,13 @@ from collections.abc import Sequence
 
 import torch
 
-from harness.diagnose import (
-    Diagnosis,
-    diagnose_capture,
-    fc_diagnosis,
-    judge_fc,
-    outlier_budget_for,
-    rtol_for,
-)
+from harness.assertions import judge_fc
+from harness.diagnosis.capture import diagnose_capture
+from harness.diagnosis.draft_side import fc_diagnosis
+from harness.diagnosis.record import Diagnosis
 from harness.engines.base import Acceptance, Capability, Engine, Generation
 from harness.golden.oracle import Oracle
-
-# Relative tolerance of the measured mean acceptance length against the golden simulated
-# trace: fp32 engines recompute the same greedy trace; reduced precision flips near-ties in
-# target and draft, which moves a few rounds.
-TRACE_TOLERANCE = {"float32": 0.02, "float16": 0.15, "bfloat16": 0.15}
-# How far below the training-time prediction (from acc_k) serving may fall before it is a
-# finding: the prediction assumes independent steps, so it is an estimate, not a bound.
-PREDICTION_MARGIN = {"float32": 0.10, "float16": 0.20, "bfloat16": 0.20}
+from harness.tolerances import tolerance_for
 
 
 def acceptance_from_traces(traces: Sequence[Sequence[int]], k: int) -> Acceptance:
@@ -53,15 +42,15 @@ def explain_shortfall(engine: Engine, oracle: Oracle, draft: str, generation: Ge
                       golden: Sequence[Sequence[int]] | None) -> Diagnosis:
     """Name the likeliest cause of acceptance below training, from the cheapest evidence."""
     spec = oracle.spec(draft)
-    dtype = engine.options.dtype
-    rtol = rtol_for(dtype)
+    tol = tolerance_for(engine.options.dtype)
+    rtol = tol.rtol
     prompts = oracle.pinned_prompts
     capture = engine.capture(prompts) if Capability.CAPTURE in engine.capabilities else None
     if capture is not None:
         diag = diagnose_capture(capture.features, [oracle.features(p) for p in prompts],
                                 spec.boundaries, engine_convention=engine.convention,
                                 config_ids=spec.layer_ids, rtol=rtol,
-                                outlier_budget=outlier_budget_for(dtype))
+                                outlier_budget=tol.outlier_budget)
         if diag.kind != "ok":
             return diag
     draft_model = oracle.draft(draft)

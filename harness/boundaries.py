@@ -8,7 +8,7 @@ that difference is the bug this suite exists to find. So ids live only here, ins
 `Convention`, and are turned into boundaries at the edge.
 
 The facts behind each convention are in its `description` (the source read, by file and
-function). Where a fact comes from DESIGN.md's table and was not re-read in source, the
+function). Where a fact comes from docs/DESIGN.md's table and was not re-read in source, the
 description says so.
 """
 
@@ -302,17 +302,6 @@ def _rule(conv: Convention) -> str:
     if conv.embedding_id is not None:
         rule += f", id {conv.embedding_id} = embedding"
     return rule
-
-
-def describe_boundary(b: int, num_layers: int) -> str:
-    """Human wording used in every message and report."""
-    if b == 0:
-        return "boundary 0 = the embedding output"
-    if b == num_layers:
-        return f"boundary {b} = output of the last layer, before the final norm"
-    if 0 < b < num_layers:
-        return f"boundary {b} = output of layer {b - 1} / input of layer {b}"
-    return f"boundary {b} = outside this {num_layers}-layer target (0..{num_layers})"
 
 
 def short_boundary(b: int, num_layers: int) -> str:

@@ -19,7 +19,16 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-from harness.report import clear_reports, render_conformance_table, verdict_line, write_atomic
+from harness.options import (
+    OptionError,
+    add_run_options,
+    bundle_path,
+    forward,
+    load_run_bundle,
+    prepare_report_dir,
+    validate,
+)
+from harness.report import render_conformance_table, verdict_line, write_atomic
 
 PROG = "eagle3-conformance"
 DEBUG_ENV = "EAGLE3_CONFORMANCE_DEBUG"
@@ -55,27 +64,17 @@ def _check_engine(name: str) -> None:
 
 
 def _check_bundle(path: Path, drafts: Sequence[str]) -> Any:
-    from harness.golden.bundle import BundleError, load_bundle
-
     try:
-        bundle = load_bundle(path)
-    except BundleError as e:
+        return load_run_bundle(path, drafts)
+    except OptionError as e:
         raise CliError(str(e)) from None
-    for d in drafts:
-        if d not in bundle.draft_names:
-            raise CliError(f"bundle {path} has no draft {d!r}; choose from "
-                           f"{', '.join(bundle.draft_names)}")
-    return bundle
 
 
 def _report_dir(path: Path) -> Path:
     try:
-        path.mkdir(parents=True, exist_ok=True)
-        clear_reports(path)
-    except OSError as e:
-        raise CliError(f"cannot use report dir {path} ({e.strerror or e}); pass a writable "
-                       f"--report-dir") from None
-    return path
+        return prepare_report_dir(path)
+    except OptionError as e:
+        raise CliError(str(e)) from None
 
 
 def _suites() -> Path:
@@ -88,29 +87,16 @@ def _suites() -> Path:
     return suites
 
 
-def _default_bundle() -> Path:
-    from harness.paths import default_bundle_path
-
-    return default_bundle_path()
-
-
 def _pytest_args(a: argparse.Namespace, bundle: Path, report_dir: Path,
                  extra: Sequence[str]) -> list[str]:
     # Validating the engine imported it (and its plugins' modules) before pytest could mark
     # them for assertion rewriting; pytest's warning about that is noise here.
-    args = [str(_suites()), "-W", "ignore::pytest.PytestAssertRewriteWarning", "--engine", a.engine, "--bundle", str(bundle),
-            "--report-dir", str(report_dir), "--device", a.device,
-            "--num-draft-tokens", str(a.num_draft_tokens)]
-    for d in a.draft or ():
-        args += ["--draft", d]
-    if a.dtype:
-        args += ["--dtype", a.dtype]
+    args = [str(_suites()), "-W", "ignore::pytest.PytestAssertRewriteWarning",
+            *forward({**vars(a), "bundle": bundle, "report_dir": report_dir})]
     if a.profile:
         args += ["--hypothesis-profile", a.profile]
     if a.k:
         args += ["-k", a.k]
-    if a.xfails:
-        args += ["--xfails", str(a.xfails)]
     return args + list(extra)
 
 
@@ -124,11 +110,13 @@ def _read_report(report_dir: Path) -> dict[str, Any] | None:
 def cmd_run(a: argparse.Namespace, extra: Sequence[str]) -> int:
     import pytest
 
+    try:
+        validate(vars(a))
+    except OptionError as e:
+        raise CliError(str(e)) from None
     _check_engine(a.engine)
-    bundle = Path(a.bundle) if a.bundle else _default_bundle()
+    bundle = bundle_path(a.bundle)
     _check_bundle(bundle, a.draft or ())
-    if a.xfails and not Path(a.xfails).is_file():
-        raise CliError(f"xfails file {a.xfails} does not exist; pass an existing file or drop --xfails")
     report_dir = _report_dir(Path(a.report_dir) if a.report_dir else Path("reports") / _safe(a.engine))
     code = int(pytest.main(_pytest_args(a, bundle, report_dir, extra)))
     report = _read_report(report_dir)
@@ -166,7 +154,7 @@ def _run_engine(engine: str, bundle: Path, out: Path, profile: str, extra: Seque
 def cmd_selftest(a: argparse.Namespace, extra: Sequence[str]) -> int:
     from harness.registry import zoo_mutants
 
-    bundle = Path(a.bundle) if a.bundle else _default_bundle()
+    bundle = bundle_path(a.bundle)
     _check_bundle(bundle, ())
     zoo = zoo_mutants()
     if not zoo:
@@ -304,18 +292,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     run = sub.add_parser("run", help="run the conformance suite against one engine",
                          description="Arguments after `--` go to pytest unchanged.")
-    run.add_argument("--engine", default="reference",
-                     help="reference, vllm, sglang, zoo:<mutant> or package.module:Class")
-    run.add_argument("--bundle", help="golden bundle folder (default: golden/tiny-dsv3)")
-    run.add_argument("--report-dir", help="where the reports go (default: reports/<engine>)")
-    run.add_argument("--draft", action="append", help="only this draft (repeatable)")
-    run.add_argument("--dtype", choices=("float32", "bfloat16", "float16"))
-    run.add_argument("--device", default="cpu")
-    run.add_argument("--num-draft-tokens", type=int, default=4)
+    add_run_options(run.add_argument)
     run.add_argument("--profile", choices=("dev", "ci", "nightly"),
                      help="Hypothesis profile (default: ci under CI, else dev)")
     run.add_argument("-k", help="pytest -k expression selecting checks")
-    run.add_argument("--xfails", help="known-nonconformance file (default: suites/xfails/<engine>.txt)")
     run.set_defaults(func=cmd_run)
 
     st = sub.add_parser("selftest", help="run the suite against every bug-zoo mutant",

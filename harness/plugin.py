@@ -2,9 +2,10 @@
 
 Every check runs once per draft of the bundle (`draft_name` is a session-scoped parameter, so
 pytest groups the checks by draft and each engine is built once per draft and closed when the
-next draft's begins, never two engines alive at once). A check fails by raising an
-AssertionError; raising `harness.report.ConformanceFailure(message, diagnoses)` also attaches
-the diagnoses to the check in report.json.
+next draft's begins, never two engines alive at once). A check fails through
+`harness.assertions.fail` (a `harness.report.ConformanceFailure(message, diagnoses)`, which
+attaches the diagnoses to the check in report.json). An `EngineCrash` out of a check is turned
+into one here, diagnosed against the draft's spec, since this is the layer that holds it.
 
 The plugin is loaded in every pytest run of an environment where the package is installed,
 so it stays inert until a test asks for one of its fixtures, and imports torch only then.
@@ -12,12 +13,10 @@ so it stays inert until a test asks for one of its fixtures, and imports torch o
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
-import re
+import sys
 import time
-from dataclasses import dataclass, field
+from collections.abc import Generator
 from pathlib import Path
 from typing import Any
 
@@ -26,148 +25,26 @@ from hypothesis import settings as hypothesis_settings
 from hypothesis.errors import InvalidArgument
 
 from harness import profiles
-from harness.registry import EngineLookupError, check_engine_name, engine_path, resolve_engine
-from harness.report import (
-    ReportCollector,
-    clear_reports,
-    verdict_line,
-    write_reports,
+from harness.options import (
+    RUN_OPTIONS,
+    OptionError,
+    add_run_options,
+    prepare_report_dir,
+    validate,
 )
+from harness.outcomes import check_outcome, exception_message
+from harness.registry import engine_path
+from harness.report import ReportCollector, verdict_line, write_reports
+from harness.session import State
+from harness.xfails import XfailRule, check_id, read_xfails, xfails_file_name
 
 PLUGIN_FIXTURES = frozenset({"bundle", "draft_name", "engine", "engine_class", "engine_options",
                              "report"})
-DTYPES = ("float32", "bfloat16", "float16")
 JUNIT_PARTIAL = ".junit.xml.partial"
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    g = parser.getgroup("eagle3-conformance", "EAGLE-3 conformance")
-    g.addoption("--engine", default="reference", metavar="NAME",
-                help="engine adapter: reference, vllm, sglang, zoo:<mutant> or package.module:Class "
-                     "(default: reference)")
-    g.addoption("--bundle", default=None, metavar="PATH",
-                help="golden bundle folder (default: the committed golden/tiny-dsv3)")
-    g.addoption("--draft", action="append", default=None, metavar="NAME",
-                help="run only this draft of the bundle (repeatable; default: every draft)")
-    g.addoption("--dtype", default=None, choices=DTYPES,
-                help="engine dtype (default: the engine's own, e.g. float32 reference, bfloat16 vllm)")
-    g.addoption("--device", default="cpu", help="engine device (default: cpu)")
-    g.addoption("--num-draft-tokens", type=int, default=4, metavar="K",
-                help="chain length k of speculative decoding (default: 4)")
-    g.addoption("--report-dir", default=None, metavar="DIR",
-                help="write report.json, report.md, report.html and junit.xml here")
-    g.addoption("--xfails", default=None, metavar="FILE",
-                help="known-nonconformance list (default: suites/xfails/<engine>.txt)")
-
-
-# -- session state ---------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class XfailRule:
-    """One line of an xfails file: `<check id glob>  # reason`. Only * and ? are wildcards,
-    so the brackets of parametrized ids match literally."""
-
-    pattern: str
-    reason: str
-    where: str
-
-    def matches(self, *ids: str) -> bool:
-        rx = "".join(".*" if c == "*" else "." if c == "?" else re.escape(c) for c in self.pattern)
-        return any(re.fullmatch(rx, i) for i in ids)
-
-
-def read_xfails(path: Path) -> list[XfailRule]:
-    if not path.is_file():
-        return []
-    rules = []
-    for n, raw in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        pattern, _, reason = raw.partition("#")
-        if pattern.strip():
-            rules.append(XfailRule(pattern.strip(), reason.strip() or "known nonconformance",
-                                   f"{path}:{n}"))
-    return rules
-
-
-def xfails_file_name(engine: str) -> str:
-    return re.sub(r"[^\w.-]", "_", engine) + ".txt"
-
-
-def check_id(nodeid: str) -> str:
-    """The id in reports and xfails files: file name :: test[params], the same whatever
-    folder pytest was started from."""
-    path, sep, rest = nodeid.partition("::")
-    return f"{Path(path).name}{sep}{rest}"
-
-
-@dataclass
-class State:
-    config: pytest.Config
-    engine_name: str
-    report_dir: Path | None
-    started: float = field(default_factory=time.time)
-    collector: ReportCollector = field(default_factory=ReportCollector)
-    junit_tmp: Path | None = None
-    conformance_run: bool = False
-    engine_cls: type | None = None
-    engine_problem: str | None = None
-    resolved: bool = False
-    unmatched_xfails: list[str] = field(default_factory=list)
-    xfails_path: Path | None = None
-    usage_error: str | None = None  # bad input met during collection; stops the run after it
-    report: dict[str, Any] | None = None
-    _bundle: Any = None
-
-    def option(self, name: str) -> Any:
-        return self.config.getoption(name)
-
-    def bundle_path(self) -> Path:
-        given = self.option("bundle")
-        if given:
-            return Path(given)
-        from harness.paths import default_bundle_path
-
-        return default_bundle_path()
-
-    def bundle(self) -> Any:
-        """Loaded (and hash-verified) once; a bad bundle stops the run with one line."""
-        if self._bundle is None:
-            from harness.golden.bundle import BundleError, load_bundle
-
-            try:
-                self._bundle = load_bundle(self.bundle_path())
-            except BundleError as e:
-                self.usage_error = str(e)
-                raise pytest.UsageError(self.usage_error) from None
-        return self._bundle
-
-    def drafts(self) -> list[str]:
-        available = self.bundle().draft_names
-        chosen = self.option("draft") or available
-        unknown = [d for d in chosen if d not in available]
-        if unknown:
-            self.usage_error = (f"bundle {self.bundle_path()} has no draft {unknown[0]!r}; "
-                                f"choose from {', '.join(available)}")
-            raise pytest.UsageError(self.usage_error)
-        return list(dict.fromkeys(chosen))
-
-    def resolve(self) -> None:
-        if self.resolved:
-            return
-        self.resolved = True
-        from harness.engines.base import EngineUnavailable
-
-        try:
-            self.engine_cls = resolve_engine(self.engine_name)
-        except EngineLookupError as e:
-            self.usage_error = str(e)
-            raise pytest.UsageError(self.usage_error) from None
-        except EngineUnavailable as e:
-            self.engine_problem = f"engine {self.engine_name} unavailable: {e}"
-            self.collector.engine_unavailable = self.engine_problem
-
-    def dtype(self) -> str | None:
-        return self.option("dtype") or getattr(self.engine_cls, "default_dtype", None)
+    add_run_options(parser.getgroup("eagle3-conformance", "EAGLE-3 conformance").addoption)
 
 
 _KEY = pytest.StashKey[State]()
@@ -183,20 +60,13 @@ def _state(config: pytest.Config) -> State:
 @pytest.hookimpl(tryfirst=True)  # before the terminal reporter and junitxml read the options
 def pytest_configure(config: pytest.Config) -> None:
     report_dir = config.getoption("report_dir")
-    if report_dir:  # first, so that even a run refused below leaves no stale report
-        try:
-            Path(report_dir).mkdir(parents=True, exist_ok=True)
-            clear_reports(Path(report_dir))
-        except OSError as e:
-            raise pytest.UsageError(f"cannot use --report-dir {report_dir} ({e.strerror or e}); "
-                                    f"pass a writable folder") from None
-    if config.getoption("num_draft_tokens") < 1:
-        raise pytest.UsageError("--num-draft-tokens must be at least 1")
-    name = config.getoption("engine")
     try:
-        check_engine_name(name)
-    except EngineLookupError as e:
+        if report_dir:  # first, so that even a run refused below leaves no stale report
+            prepare_report_dir(Path(report_dir))
+        validate({opt.dest: config.getoption(opt.dest) for opt in RUN_OPTIONS})
+    except OptionError as e:
         raise pytest.UsageError(str(e)) from None
+    name = config.getoption("engine")
     if not config.getoption("--hypothesis-profile", None):
         try:
             profiles.load_default_profile()
@@ -347,12 +217,55 @@ def engine(pytestconfig: pytest.Config, engine_class: type, engine_options: Any,
     try:
         yield instance
     finally:
+        try:
+            state.engine_info[draft_name] = dict(instance.info())
+        except Exception as e:  # what the engine says about itself must not cost the run
+            state.engine_info[draft_name] = {"error": f"{type(e).__name__}: {e}"}
         instance.close()
 
 
 # -- outcomes --------------------------------------------------------------------------------
 # Recorded from hooks that carry the item or collector, so the state is the config's own
 # (pytester runs sessions inside a session; a module-level "current" would mix them up).
+
+
+def _crash_failure(item: pytest.Item, exc: BaseException) -> BaseException | None:
+    """The failure an EngineCrash out of a check stands for, diagnosed with the draft's ids;
+    None for any other exception. (harness.engines.base not yet imported: no engine ran.)"""
+    base = sys.modules.get("harness.engines.base")
+    if base is None or not isinstance(exc, base.EngineCrash):
+        return None
+    from harness.assertions import crash_failure
+
+    state = _state(item.config)
+    draft = getattr(getattr(item, "callspec", None), "params", {}).get("draft_name")
+    bundle = state.bundle()
+    spec = bundle.draft(draft) if draft is not None else None
+    return crash_failure(exc, layer_ids=spec.layer_ids if spec else (),
+                         target_hidden=bundle.hidden_size, engine_name=state.engine_name,
+                         draft=draft or "<draft>")
+
+
+def _crashes_fail(item: pytest.Item) -> Generator[None, Any, Any]:
+    """The body of a hook wrapper that re-raises an EngineCrash as its check's failure."""
+    try:
+        return (yield)
+    except Exception as exc:
+        failure = _crash_failure(item, exc)
+        if failure is None:
+            raise
+        raise failure from exc
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item: pytest.Item) -> Any:
+    """An engine that crashes while it is built (a draft it cannot load) fails the check too."""
+    return (yield from _crashes_fail(item))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Any:
+    return (yield from _crashes_fail(item))
 
 
 @pytest.hookimpl(wrapper=True)
@@ -366,43 +279,6 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
         collector.current = None
 
 
-def _exception_message(excinfo: pytest.ExceptionInfo[BaseException]) -> str:
-    value = excinfo.value
-    text = str(value).strip()
-    if isinstance(value, (AssertionError, pytest.fail.Exception)) and text:
-        return text
-    return excinfo.exconly().strip()
-
-
-def _skip_reason(rep: pytest.TestReport) -> str:
-    if isinstance(rep.longrepr, tuple) and len(rep.longrepr) == 3:
-        reason = str(rep.longrepr[2]).removeprefix("Skipped: ").strip()
-    else:
-        reason = str(rep.longrepr or "").strip()
-    return reason or "(skipped without a reason: the check must state one)"
-
-
-def _outcome(rep: pytest.TestReport, message: str, listed: str | None) -> tuple[str, str] | None:
-    """(status, message) of one phase; None for a setup or teardown that passed."""
-    xfail_reason = getattr(rep, "wasxfail", None)
-    if rep.passed:
-        if rep.when != "call":
-            return None
-        if xfail_reason is not None:
-            return "xpass", f"passed although marked xfail: {xfail_reason}"
-        return "passed", ""
-    if rep.skipped:
-        if xfail_reason is not None:
-            return "xfail", message or xfail_reason
-        return "skipped", _skip_reason(rep)
-    if rep.when != "call":
-        return "error", f"{rep.when} error: {message or rep.longreprtext.strip()}"
-    if isinstance(rep.longrepr, str) and rep.longrepr.startswith("[XPASS(strict)]"):
-        return "failed", (f"XPASS(strict): this check now passes but is listed as a known "
-                          f"nonconformance ({listed}); the engine was fixed: remove the line")
-    return "failed", message or rep.longreprtext.strip()
-
-
 # tryfirst makes this the outermost wrapper: it sees the report after the xfail handling.
 @pytest.hookimpl(wrapper=True, tryfirst=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
@@ -412,14 +288,14 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         return rep
     message = ""
     if call.excinfo is not None:
-        message = _exception_message(call.excinfo)
+        message = exception_message(call.excinfo)
         for d in getattr(call.excinfo.value, "diagnoses", None) or ():
             as_json = record.add_diagnosis(d)
             # junit.xml carries them too, as <property name="diagnosis">
             item.user_properties.append(("diagnosis",
                                          f"{as_json.get('kind')}: {as_json.get('message')}"))
     record.duration_s += rep.duration
-    outcome = _outcome(rep, message, record.xfail_reason)
+    outcome = check_outcome(rep, message, record.xfail_reason)
     if outcome is not None:
         record.settle(*outcome)
     return rep
@@ -436,23 +312,6 @@ def pytest_make_collect_report(collector: pytest.Collector) -> Any:
 
 
 # -- session end -----------------------------------------------------------------------------
-
-
-def _bundle_json(state: State) -> dict[str, Any]:
-    if state._bundle is not None:
-        b = state._bundle
-        return {"path": str(Path(b.path).resolve()), "name": b.name, "sha256": b.manifest_sha256()}
-    path = state.bundle_path()
-    manifest = path / "manifest.json"
-    out: dict[str, Any] = {"path": str(path.resolve()), "name": None, "sha256": None}
-    if manifest.is_file():
-        data = manifest.read_bytes()
-        out["sha256"] = hashlib.sha256(data).hexdigest()
-        try:
-            out["name"] = json.loads(data).get("name")
-        except (ValueError, AttributeError):
-            pass
-    return out
 
 
 def _interrupted(session: pytest.Session, exitstatus: int) -> str | None:
@@ -484,8 +343,10 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
               "class": engine_path(cls) if cls else None,
               "capabilities": sorted(getattr(c, "value", str(c))
                                      for c in getattr(cls, "capabilities", ())),
-              "convention": getattr(cls, "convention", None),
-              "constructions": dict(state.collector.engine_constructions)}
+              "convention": getattr(getattr(cls, "convention", None), "name",
+                                    getattr(cls, "convention", None)),
+              "constructions": dict(state.collector.engine_constructions),
+              "info": dict(state.engine_info)}
     drafts = state.drafts() if state._bundle is not None else list(state.option("draft") or [])
     extra = {"hypothesis_profile": hypothesis_settings.get_current_profile_name(),
              "xfails": {"file": str(state.xfails_path) if state.xfails_path else None,
@@ -493,7 +354,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
              "options": {"device": state.option("device"),
                          "num_draft_tokens": state.option("num_draft_tokens")}}
     state.report = state.collector.build(
-        engine=engine, bundle=_bundle_json(state), drafts=drafts, dtype=state.dtype(),
+        engine=engine, bundle=state.bundle_json(), drafts=drafts, dtype=state.dtype(),
         started=state.started, finished=time.time(), interrupted=_interrupted(session, exitstatus),
         extra=extra)
     if state.report_dir is not None:

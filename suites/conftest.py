@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import pytest
 import torch
@@ -42,3 +44,26 @@ def generate() -> Callable[[Engine, Sequence[Sequence[int]], int, bool], Generat
         return memo[key]
 
     return run
+
+
+def _gpu_info() -> dict[str, Any]:
+    """GPU name, driver and CUDA runtime where there is one: a baseline is only comparable on
+    the same machine class, so the stored run must say which it was."""
+    if not torch.cuda.is_available():
+        return {"gpu": None}
+    info: dict[str, Any] = {"gpu": torch.cuda.get_device_name(), "cuda_runtime": torch.version.cuda}
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=10, check=False)
+        info["driver"] = out.stdout.strip().splitlines()[0] if out.stdout.strip() else None
+    except (OSError, subprocess.SubprocessError):
+        info["driver"] = None
+    return info
+
+
+def pytest_benchmark_update_machine_info(config: pytest.Config, machine_info: dict[str, Any]) -> None:
+    """pytest-benchmark's machine record, plus what decides whether two runs compare: the
+    GPU and its driver, the engine under test, its dtype and device, torch."""
+    machine_info["eagle3_conformance"] = {
+        "engine": config.getoption("engine"), "dtype": config.getoption("dtype"),
+        "device": config.getoption("device"), "torch": torch.__version__, **_gpu_info()}

@@ -1,5 +1,5 @@
 """Aux capture: the features the engine hands the draft equal the training boundaries, per
-slot and per token. This is the check that catches the layer-id disagreements of DESIGN.md."""
+slot and per token. This is the check that catches the layer-id disagreements of docs/DESIGN.md."""
 
 from __future__ import annotations
 

@@ -7,11 +7,11 @@ from __future__ import annotations
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from harness.assertions import ConformanceFailure, divergence, require, worst_tokens
-from harness.diagnose import rtol_for
+from harness.assertions import divergence, fail, require, worst_tokens
 from harness.engines.base import Capability, Engine
 from harness.golden.oracle import Oracle
 from harness.strategies import BatchShape, batch_shapes
+from harness.tolerances import rtol_for
 
 
 def _batch(oracle: Oracle, shape: BatchShape, probe: list[int]) -> list[list[int]]:
@@ -35,11 +35,11 @@ def test_capture_batch_invariant(engine: Engine, oracle: Oracle, draft_name: str
     rtol = rtol_for(engine.options.dtype)
     bad, total, worst = worst_tokens([inside], [alone], rtol)
     if inside.shape != alone.shape or bad:
-        raise ConformanceFailure(
-            f"probe prompt {probe} gets different draft features at batch position "
-            f"{shape.position} of {shape.size} (companion lengths {list(shape.companion_lengths)}): "
-            f"{bad}/{total} tokens off, worst relative error {worst:.3g} (tolerance {rtol:g}); "
-            f"the engine's padding/packing leaks into the aux states")
+        fail(f"probe prompt {probe} gets different draft features at batch position "
+             f"{shape.position} of {shape.size} (companion lengths {list(shape.companion_lengths)}): "
+             f"{bad}/{total} tokens off, worst relative error {worst:.3g} (tolerance {rtol:g}); "
+             f"the engine's padding/packing leaks into the aux states", draft=draft_name,
+             engine_name=engine.name, prompts=batch)
 
 
 @SETTINGS
@@ -49,10 +49,10 @@ def test_generation_batch_invariant(engine: Engine, oracle: Oracle, draft_name: 
     require(engine, Capability.GENERATE)
     probe = data.draw(st.sampled_from(oracle.pinned_prompts), label="probe")
     alone = generate(engine, [probe], 16, True).tokens[0]
-    inside = generate(engine, _batch(oracle, shape, probe), 16, True).tokens[shape.position]
+    batch = _batch(oracle, shape, probe)
+    inside = generate(engine, batch, 16, True).tokens[shape.position]
     _, failure = divergence(oracle, probe, inside, alone, engine.options.dtype)
     if failure:
-        raise ConformanceFailure(
-            f"greedy speculative output of a prompt changes with its batch (position "
-            f"{shape.position} of {shape.size}, companion lengths {list(shape.companion_lengths)}): "
-            f"{failure}")
+        fail(f"greedy speculative output of a prompt changes with its batch (position "
+             f"{shape.position} of {shape.size}, companion lengths {list(shape.companion_lengths)}): "
+             f"{failure}", draft=draft_name, engine_name=engine.name, prompts=batch)

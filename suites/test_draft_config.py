@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from harness.assertions import ConformanceFailure
+from harness.assertions import fail
 from harness.golden.bundle import Bundle, DraftSpec
 from harness.lint import lint_draft
 
@@ -14,5 +14,5 @@ def test_draft_config_is_consistent(bundle: Bundle, draft_name: str, spec: Draft
     target_cfg = json.loads((bundle.target_dir / "config.json").read_text())
     problems = lint_draft(bundle.draft_dir(draft_name), target_cfg, spec.convention, spec.boundaries)
     if problems:
-        raise ConformanceFailure(f"draft {draft_name} config has {len(problems)} problem(s): "
-                                 + "; ".join(str(p) for p in problems))
+        fail(f"draft {draft_name} config has {len(problems)} problem(s): "
+             + "; ".join(str(p) for p in problems), draft=draft_name)

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from harness.assertions import ConformanceFailure, reproducer, require
-from harness.diagnose import judge_fc, rtol_for
+from harness.assertions import assert_fc_matches, fail, require
 from harness.engines.base import Capability, Engine
 from harness.golden.oracle import Oracle
 
@@ -22,14 +21,11 @@ def test_fc_output_matches_training(engine: Engine, oracle: Oracle, draft_name: 
     draft = oracle.draft(draft_name)
     width = draft.fc.in_features
     if {int(f.shape[-1]) for f in capture.features} != {width}:
-        pytest.fail(f"cannot judge fc: the engine's features are not {width} wide "
-                    f"(test_capture_pinned_prompts names why)")
-    expected = [oracle.fc(draft_name, f) for f in capture.features]
-    verdict = judge_fc(capture.fc_out, capture.features, expected, rtol_for(engine.options.dtype),
-                       draft_hidden=draft.cfg.hidden_size, norm_before_fc=draft.cfg.norm_before_fc,
-                       fc_norm=draft.cfg.fc_norm)
-    if verdict.ok:
-        return
-    raise ConformanceFailure(verdict.message + "\n" + reproducer(
-        engine.name, draft_name, batch, "test_fc_output_matches_training"),
-        [d for d in (verdict.diagnosis,) if d is not None])
+        fail(f"cannot judge fc: the engine's features are not {width} wide "
+             f"(test_capture_pinned_prompts names why)", draft=draft_name, engine_name=engine.name,
+             prompts=batch)
+    assert_fc_matches(fc_out=capture.fc_out, features=capture.features,
+                      expected=[oracle.fc(draft_name, f) for f in capture.features],
+                      dtype=engine.options.dtype, draft_hidden=draft.cfg.hidden_size,
+                      norm_before_fc=draft.cfg.norm_before_fc, fc_norm=draft.cfg.fc_norm,
+                      engine_name=engine.name, draft=draft_name, prompts=batch)

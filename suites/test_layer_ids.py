@@ -39,7 +39,8 @@ from harness.assertions import (
     require,
 )
 from harness.boundaries import Convention, LayerIdError, get_convention, ids_to_boundaries
-from harness.diagnose import Diagnosis, crash_diagnosis
+from harness.diagnosis.crash import crash_diagnosis
+from harness.diagnosis.record import Diagnosis
 from harness.engines.base import (
     Capability,
     Capture,
@@ -154,9 +155,8 @@ class ServedDrafts:
                 first = (str(crash).strip().splitlines() or ["engine failure"])[0]
                 if not isinstance(crash, EngineCrash):
                     first = f"{type(crash).__name__}: {first}"
-                diagnoses = list(getattr(crash, "diagnoses", None) or ()) or [
-                    crash_diagnosis(first, ids, self.oracle.bundle.hidden_size)]
-                self._crashes[key] = (first, diagnoses)
+                self._crashes[key] = (first, [crash_diagnosis(str(crash), ids,
+                                                              self.oracle.bundle.hidden_size)])
                 self.close()
                 return self._crashes[key]
         return self._captures[memo]
@@ -254,8 +254,7 @@ def test_suggested_fix_verified(engine: Engine, oracle: Oracle, spec: DraftSpec,
     except ConformanceFailure as failure:
         diag = failure.diagnoses[0]
     except EngineCrash as crash:
-        found = list(getattr(crash, "diagnoses", None) or ())
-        diag = found[0] if found else None
+        diag = crash_diagnosis(str(crash), spec.layer_ids, oracle.bundle.hidden_size)
     if diag is not None and diag.kind == "ok":
         report.fix(draft_name, {"ids": list(spec.layer_ids), "layout": None, "suggested": False,
                                 "result": "no fix needed: the engine captures the training boundaries"})

@@ -8,7 +8,7 @@ from __future__ import annotations
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from harness.assertions import ConformanceFailure, divergence, require
+from harness.assertions import divergence, fail, require
 from harness.engines.base import Capability, Engine
 from harness.golden.oracle import Oracle
 from harness.strategies import prompts as prompt_strategy
@@ -28,9 +28,9 @@ def assert_lossless(engine: Engine, oracle: Oracle, batch: list[list[int]], new_
         report.metric(draft, "lossless_excused_near_ties", excused)
         report.metric(draft, "lossless_prompts", len(batch))
     if failures:
-        raise ConformanceFailure(f"speculative output differs from greedy on {len(failures)}/"
-                                 f"{len(batch)} prompts ({excused} near-ties excused): "
-                                 + "; ".join(failures[:3]))
+        fail(f"speculative output differs from greedy on {len(failures)}/{len(batch)} prompts "
+             f"({excused} near-ties excused): " + "; ".join(failures[:3]), draft=draft,
+             engine_name=engine.name, prompts=batch)
 
 
 def test_lossless_pinned_prompts(engine: Engine, oracle: Oracle, draft_name: str, report,
@@ -47,4 +47,4 @@ def test_lossless_drawn_prompts(engine: Engine, oracle: Oracle, draft_name: str,
     require(engine, Capability.GENERATE)
     draft = oracle.draft(draft_name)
     prompt = data.draw(prompt_strategy(draft.cfg.vocab_size, oracle.pinned_prompts, 32), label="prompt")
-    assert_lossless(engine, oracle, [prompt], 16, generate)
+    assert_lossless(engine, oracle, [prompt], 16, generate, draft=draft_name)

@@ -10,7 +10,6 @@ from harness.boundaries import (
     CONVENTIONS,
     LayerIdError,
     boundaries_to_ids,
-    describe_boundary,
     get_convention,
     ids_to_boundaries,
     short_boundary,
@@ -157,10 +156,6 @@ def test_specforge_keeps_non_ascending_order():
     assert boundaries_to_ids([5, 2], "specforge", 8) == (4, 1)
 
 
-def test_describe_boundary():
-    assert describe_boundary(0, 8) == "boundary 0 = the embedding output"
-    assert describe_boundary(3, 8) == "boundary 3 = output of layer 2 / input of layer 3"
-    assert describe_boundary(8, 8) == "boundary 8 = output of the last layer, before the final norm"
-    assert "outside" in describe_boundary(9, 8)
+def test_short_boundary():
     assert short_boundary(0, 8) == "the embedding"
     assert short_boundary(3, 8) == "input of layer 3"

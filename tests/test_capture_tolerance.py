@@ -13,12 +13,12 @@ import pytest
 import torch
 
 from harness.assertions import ConformanceFailure, assert_capture_matches
-from harness.diagnose import routing_noise_for
 from harness.engines.base import EngineOptions
 from harness.engines.reference import ReferenceEngine
 from harness.golden.bundle import load_bundle
 from harness.golden.oracle import Oracle
 from harness.paths import default_bundle_path
+from harness.tolerances import tolerance_for
 
 DRAFT = "specforge-default"
 NEAR_TIE_PROMPT = [18]
@@ -52,7 +52,7 @@ def _check(features: list[torch.Tensor], prompt: list[int], boundaries: tuple[in
 def test_the_pinned_prompt_is_a_routing_near_tie() -> None:
     margins = _oracle().routing_margins(NEAR_TIE_PROMPT)
     assert margins.shape == (9, 1) and torch.isinf(margins[:2]).all()  # no MoE layer before b=2
-    assert float(margins[2, 0]) <= routing_noise_for("bfloat16") < 0.05
+    assert float(margins[2, 0]) <= tolerance_for("bfloat16").routing_noise < 0.05
 
 
 @pytest.mark.parametrize("prompt", [NEAR_TIE_PROMPT, NEAR_TIE_PROMPT + [3]])

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import inspect
 import re
+import time
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,7 @@ from typing import Any
 import pytest
 import torch
 
-from harness.diagnose import KINDS
+from harness.diagnosis.record import KINDS
 from harness.engines.base import EngineOptions
 from harness.engines.reference import ReferenceEngine
 from harness.engines.speculative import Eagle3Runtime
@@ -154,11 +155,48 @@ def _proposals_differ(key: str, draft: str) -> bool:
     return got.generation.proposed != ref.generation.proposed
 
 
-BUNDLE_VISIBLE = sorted(k for k, c in MUTANTS.items() if not c.caught_by)
+BUNDLE_VISIBLE = sorted(k for k, c in MUTANTS.items() if c.observable == "wiring" and not c.caught_by)
 DRAWN_ONLY = sorted(k for k, c in MUTANTS.items() if c.caught_by)
 # Factory drafts outside the bundle's lists: unsorted, first id 1, both layouts, the trainers.
 DRAWN_DRAFTS = [((1, 5, 3), layout, told) for layout in FORMATS
                 for told in ("specforge", "eagle3-original")]
+
+
+WIRING = sorted(k for k, c in MUTANTS.items() if c.observable == "wiring")
+THROUGHPUT = sorted(k for k, c in MUTANTS.items() if c.observable == "throughput")
+
+
+def test_every_mutant_declares_what_it_changes() -> None:
+    assert set(WIRING) | set(THROUGHPUT) == set(MUTANTS), \
+        f"observable must be 'wiring' or 'throughput': {[(k, c.observable) for k, c in MUTANTS.items()]}"
+
+
+@pytest.mark.parametrize("key", THROUGHPUT)
+def test_throughput_mutant_is_lossless_and_slower(key: str) -> None:
+    """A throughput mutant keeps the wiring (same tokens, same drafts) and only costs time:
+    its speculative run takes longer than the reference's on the same prompts (each the
+    minimum of two runs, the stall being a multiple of the round)."""
+    draft = _bundle().draft_names[0]
+
+    def fastest(cls: type[ReferenceEngine]) -> tuple[float, Any]:
+        engine = _engine(cls, draft)
+        try:
+            best, gen = float("inf"), None
+            for _ in range(2):
+                t0 = time.perf_counter()
+                gen = engine.generate(_prompts(), NEW_TOKENS, speculative=True)
+                best = min(best, time.perf_counter() - t0)
+            return best, gen
+        finally:
+            engine.close()
+
+    ref_s, ref = fastest(ReferenceEngine)
+    got_s, got = fastest(MUTANTS[key])
+    assert got.tokens == ref.tokens and got.proposed == ref.proposed, \
+        f"{key} changed the wiring, not only the time"
+    factor = MUTANTS[key].factor
+    assert got_s > ref_s * (1 + (factor - 1) / 2), \
+        f"{key}: speculative run {got_s:.3f}s vs reference {ref_s:.3f}s, not slowed by ~{factor}x"
 
 
 @pytest.mark.parametrize("key", BUNDLE_VISIBLE)

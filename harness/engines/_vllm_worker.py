@@ -35,12 +35,8 @@ _PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
 
 
 class WorkerError(RuntimeError):
-    """vLLM failed inside the worker, or the worker died; `log_tail` is the end of vLLM's own
-    log (the message is one line)."""
-
-    def __init__(self, message: str, log_tail: str = "") -> None:
-        super().__init__(message)
-        self.log_tail = log_tail
+    """vLLM failed inside the worker, or the worker died; the message is one line (where the
+    worker died, it quotes the last line of vLLM's own log)."""
 
 
 def _one_line(exc: BaseException) -> str:
@@ -272,7 +268,7 @@ class WorkerHandle:
         reply = self._receive(STARTUP_TIMEOUT_S)
         if reply[0] != "ready":
             self.stop()
-            raise WorkerError(reply[1], log_tail=self.log_tail())
+            raise WorkerError(reply[1])
         self.info: dict[str, Any] = reply[1]
 
     def call(self, op: str, *args: Any) -> Any:
@@ -280,12 +276,12 @@ class WorkerHandle:
             self._conn.send((op, args))
         except (BrokenPipeError, OSError) as exc:
             self.stop()
-            raise WorkerError(f"vLLM worker is gone: {_one_line(exc)}", log_tail=self.log_tail()) from exc
+            raise WorkerError(f"vLLM worker is gone: {_one_line(exc)}") from exc
         reply = self._receive(CALL_TIMEOUT_S)
         if reply[0] == "ok":
             return reply[1]
         self.stop()
-        raise WorkerError(reply[1], log_tail=self.log_tail())
+        raise WorkerError(reply[1])
 
     def _receive(self, timeout: float) -> tuple[Any, ...]:
         deadline = time.monotonic() + timeout
@@ -295,17 +291,15 @@ class WorkerHandle:
                 self.stop()
                 tail = self.log_tail()
                 last = tail.splitlines()[-1].strip() if tail else ""
-                raise WorkerError(f"vLLM worker died (exit code {code}); its log ends: {last}"[:600],
-                                  log_tail=tail)
+                raise WorkerError(f"vLLM worker died (exit code {code}); its log ends: {last}"[:600])
             if time.monotonic() > deadline:
                 self.stop()
-                raise WorkerError(f"vLLM worker gave no answer in {timeout:.0f}s",
-                                  log_tail=self.log_tail())
+                raise WorkerError(f"vLLM worker gave no answer in {timeout:.0f}s")
         try:
             return self._conn.recv()
         except EOFError as exc:
             self.stop()
-            raise WorkerError("vLLM worker closed the pipe", log_tail=self.log_tail()) from exc
+            raise WorkerError("vLLM worker closed the pipe") from exc
 
     def log_tail(self, lines: int = 25) -> str:
         try:

@@ -10,20 +10,22 @@ from __future__ import annotations
 
 import abc
 import enum
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
+
+from harness.boundaries import Convention
+from harness.throughput import StepCosts
 
 
 class Capability(str, enum.Enum):
     CAPTURE = "capture"  # features handed to the draft (concatenated aux states)
     FC_PROBE = "fc_probe"  # the draft's fc output on those features
     GENERATE = "generate"  # greedy generation with and without speculation + acceptance
-    THROUGHPUT = "throughput"  # generation fast enough to be benchmarked
+    THROUGHPUT = "throughput"  # generate timed by suites/test_throughput.py (pytest-benchmark)
 
 
 class EngineUnavailable(RuntimeError):
@@ -33,27 +35,9 @@ class EngineUnavailable(RuntimeError):
 
 class EngineCrash(RuntimeError):
     """The engine failed on this draft (load, prefill, drafting): a conformance failure, not an
-    unavailable engine. `diagnoses` names the cause where the error shows it (the plugin
-    attaches them to the failed check)."""
-
-    def __init__(self, message: str, partial: Capture | None = None, log_tail: str = "",
-                 draft_dir: Path | None = None) -> None:
-        super().__init__(message)
-        self.partial = partial
-        self.log_tail = log_tail
-        self.diagnoses = self._diagnose(message, draft_dir)
-
-    @staticmethod
-    def _diagnose(message: str, draft_dir: Path | None) -> list:
-        from harness.diagnose import crash_diagnosis
-        from harness.models.draft import DraftConfig
-
-        try:
-            cfg = DraftConfig.from_json(json.loads((Path(draft_dir) / "config.json").read_text()))
-            ids, hidden = cfg.aux_layer_ids, cfg.target_hidden_size
-        except (OSError, ValueError, KeyError, TypeError):
-            ids, hidden = (), 1
-        return [crash_diagnosis(message, ids, hidden)]
+    unavailable engine. Plain data, its message only: put the engine's own error text in it,
+    whole (its first line is quoted in the report). The suite, which holds the draft's spec,
+    diagnoses it: a matmul shape error there says how many aux slots reached fc."""
 
 
 @dataclass(frozen=True)
@@ -127,9 +111,10 @@ class Engine(abc.ABC):
 
     name: ClassVar[str]
     capabilities: ClassVar[frozenset[Capability]] = frozenset()
-    # The engine's own layer-id rule (a key of harness.boundaries.CONVENTIONS), or None when it
-    # honours the draft's training convention. Lets the config lint predict a mismatch statically.
-    convention: ClassVar[str | None] = None
+    # The engine's own layer-id rule: a key of harness.boundaries.CONVENTIONS, a Convention of
+    # the adapter's own (an engine the package does not know), or None when it honours the
+    # draft's training convention. Diagnoses word the fixing id list in it.
+    convention: ClassVar[str | Convention | None] = None
     default_dtype: ClassVar[str] = "float32"
 
     def __init__(self, target_dir: Path, draft_dir: Path, options: EngineOptions) -> None:
@@ -148,5 +133,17 @@ class Engine(abc.ABC):
                  speculative: bool) -> Generation:
         raise NotImplementedError(f"{self.name} cannot generate")
 
+    def step_costs(self, prompt: Sequence[int], acceptance_length: float) -> StepCosts | None:
+        """Seconds per plain step, verify of k + 1 tokens, draft step and draft feed on this
+        engine's kernels at prefix `prompt` (see harness.throughput), or None where the
+        engine does not expose its steps; the cost-model gate then skips with that reason."""
+        return None
+
+    def info(self) -> dict[str, Any]:
+        """What the engine decided or worked around for this draft (runner, ids it set,
+        platform switches), recorded in report.json under engine.info.<draft>. Called once,
+        before close(); must not start work the checks did not."""
+        return {}
+
     def close(self) -> None:  # noqa: B027 - most engines need no explicit teardown
-        """Free the engine; later calls may fail."""
+        """Free the engine; later calls may fail. Called once per engine, after its checks."""

@@ -26,10 +26,11 @@ from harness.engines.base import (
     Generation,
 )
 from harness.engines.speculative import Eagle3Runtime
+from harness.engines.step_costs import measure_step_costs
 from harness.models.draft import Eagle3Draft
 from harness.models.target import load_target
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+from harness.throughput import StepCosts
+from harness.tolerances import DTYPES
 
 
 def load_any_target(path: Path, dtype: torch.dtype, device: str) -> torch.nn.Module:
@@ -64,8 +65,8 @@ class ReferenceEngine(Eagle3Runtime, Engine):
         options = options or EngineOptions()
         Engine.__init__(self, target_dir, draft_dir, options)
         if options.dtype not in DTYPES:
-            raise ValueError(f"dtype {options.dtype!r} is not one of {sorted(DTYPES)}")
-        dtype = DTYPES[options.dtype]
+            raise ValueError(f"dtype {options.dtype!r} is not one of {', '.join(DTYPES)}")
+        dtype = getattr(torch, options.dtype)
         target = load_any_target(self.target_dir, dtype, options.device)
         draft = Eagle3Draft.load(self.draft_dir, dtype, options.device)
         Eagle3Runtime.__init__(self, target, draft)
@@ -109,6 +110,9 @@ class ReferenceEngine(Eagle3Runtime, Engine):
         return Generation(tokens=[r.tokens for r in results], acceptance=total,
                           per_prompt_acceptance=per_prompt, traces=[r.trace for r in results],
                           proposed=[r.proposed for r in results])
+
+    def step_costs(self, prompt: Sequence[int], acceptance_length: float) -> StepCosts:
+        return measure_step_costs(self, prompt, self.options.num_draft_tokens, acceptance_length)
 
     def close(self) -> None:
         self.close_runtime()

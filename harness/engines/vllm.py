@@ -8,7 +8,7 @@ runs in a worker process (`_vllm_worker`): start-up costs seconds, so it is kept
 calls, and a crash (which the suite provokes on purpose) costs only that worker.
 
 Device selection is the only platform-specific part: two CPU workarounds, both vLLM's own
-user-level switches, both reported in `engine_info()`, both about the *target*, so that on
+user-level switches, both reported in `info()` (report.json engine.info), both about the *target*, so that on
 CPU the checks measure the EAGLE-3 wiring and not a CPU kernel bug:
 
 - MLA off (`VLLM_MLA_DISABLE=1`, unless the caller set it). On a CPU without AMX, vLLM
@@ -120,9 +120,6 @@ class VllmEngine(Engine):
         try:
             self._call_spec("capture", [list(p) for p in prompts], str(out))
             return _read_capture(out)
-        except EngineCrash as crash:
-            crash.partial = _read_capture(out) if out.exists() else None
-            raise
         finally:
             out.unlink(missing_ok=True)
 
@@ -150,12 +147,16 @@ class VllmEngine(Engine):
     def close(self) -> None:
         self._finalizer()
 
-    # -- beyond the protocol ------------------------------------------------------------------
-
-    def engine_info(self) -> dict[str, Any]:
-        """What vLLM decided for this draft: model runner, the aux layer ids it set on the
-        target, the drafter class, start-up seconds. Starts the speculative worker."""
-        return dict(self._spec().info)
+    def info(self) -> dict[str, Any]:
+        """The CPU workarounds this run applied (module docstring) and, once the speculative
+        worker has started, what vLLM decided for this draft: model runner, the aux layer ids
+        it set on the target, the drafter class, start-up seconds."""
+        spec = self._spec_for(True, self._scratch)
+        out: dict[str, Any] = {"env": spec["env"], "engine_args": spec["engine_args"]}
+        handle = self._spec_worker.get("spec")
+        if handle is not None:
+            out.update(handle.info)
+        return out
 
     # -- workers --------------------------------------------------------------------------------
 
@@ -193,17 +194,16 @@ class VllmEngine(Engine):
             except WorkerError as e:
                 # the target alone starts (checked in __init__), so this is the draft's doing
                 self._final_failure = f"vLLM could not start with this EAGLE-3 draft: {e}"
-                raise EngineCrash(self._final_failure, log_tail=e.log_tail, draft_dir=self.draft_dir) from None
+                raise EngineCrash(self._final_failure) from None
             self._spec_worker["spec"] = handle
         return handle
 
     def _call_spec(self, op: str, *args: Any) -> Any:
         if self._final_failure:
             raise EngineCrash(f"{self._final_failure} (the same failure as before; the "
-                              f"worker is not restarted for this draft again)",
-                              draft_dir=self.draft_dir)
+                              f"worker is not restarted for this draft again)")
         try:
-            result = self._call(self._spec(), op, *args, draft_dir=self.draft_dir)
+            result = self._call(self._spec(), op, *args)
         except EngineCrash as crash:
             cause = re.sub(r"\d+", "#", str(crash).split(": ", 1)[-1])
             if cause == self._last_failure:
@@ -214,13 +214,11 @@ class VllmEngine(Engine):
         return result
 
     @staticmethod
-    def _call(handle: WorkerHandle, op: str, *args: Any, draft_dir: Path | None = None) -> Any:
-        """`draft_dir`: the served draft, whose config lets the crash be diagnosed."""
+    def _call(handle: WorkerHandle, op: str, *args: Any) -> Any:
         try:
             return handle.call(op, *args)
         except WorkerError as e:
-            raise EngineCrash(f"vLLM failed during {op}: {e}", log_tail=e.log_tail,
-                              draft_dir=draft_dir) from None
+            raise EngineCrash(f"vLLM failed during {op}: {e}") from None
 
 
 def _read_capture(path: Path) -> Capture:

@@ -5,7 +5,7 @@ bitten a public engine lives here as a `ReferenceEngine` subclass that overrides
 hook of `harness.engines.speculative.Eagle3Runtime`. Everything else (loading, decoding,
 losslessness) is the reference's, so a mutant differs from training by exactly its bug and
 `eagle3-conformance selftest` can demand that the suite (a) fails it and (b) names it: each
-mutant states the `harness.diagnose.KINDS` entry a correct diagnosis must produce.
+mutant states the `harness.diagnosis.record.KINDS` entry a correct diagnosis must produce.
 
 The bundle's drafts decide what can show: specforge-default trains boundaries [2, 4, 5],
 embed-first [0, 4, 6], single-aux [4], final-aux [2, 4, 8] (N = 8). A mutant applies its bug
@@ -18,6 +18,7 @@ Resolved by `harness.registry` as `zoo:<key>` with <key> a key of `MUTANTS`.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Sequence
 from typing import ClassVar
 
@@ -25,8 +26,8 @@ import torch
 
 from harness.boundaries import get_convention
 from harness.engines.reference import ReferenceEngine
-from harness.engines.speculative import TargetStates
 from harness.models.draft import DraftKV
+from harness.models.residual import TargetStates
 
 
 class Mutant(ReferenceEngine):
@@ -35,12 +36,15 @@ class Mutant(ReferenceEngine):
 
     name: ClassVar[str]
     bug_class: ClassVar[str]  # one line, as selftest.json prints it
-    expected_diagnosis_kind: ClassVar[str]  # a key of harness.diagnose.KINDS
+    expected_diagnosis_kind: ClassVar[str]  # a key of harness.diagnosis.record.KINDS
     hook: ClassVar[str]  # the one Eagle3Runtime hook the mutant overrides
     issue: ClassVar[str]  # the public report(s) of the bug, also cited in the docstring
     # A check-id prefix: the selftest counts the mutant caught only if a check it names failed
     # (None: any check). Set for bugs only a particular check can see.
     caught_by: ClassVar[str | None] = None
+    # what the bug changes: "wiring" (what the draft sees or proposes) or "throughput" (only
+    # how long speculation takes; tests/test_zoo.py checks each kind its own way)
+    observable: ClassVar[str] = "wiring"
 
     def trained_boundaries(self) -> tuple[int, ...]:
         """What training put in each slot: the reference's reading of the ids."""
@@ -382,14 +386,16 @@ class TopLevelIdsIgnored(Mutant):
     """Top-level ids (the speculators layout) dropped: SGLang's model runner reads only the
     nested `eagle_config.eagle_aux_hidden_state_layer_ids`, inside a bare `except`, so a
     speculators-format draft gets the model's defaults (2, N//2, N-3) silently (DESIGN.md's
-    SGLang row; the converse of vLLM's V2 runner, which never reads the nested key). The
-    bundle's drafts are all nested, so only a speculators-layout draft shows it."""
+    SGLang row; the converse of vLLM's V2 runner, which never reads the nested key, and of
+    llama.cpp's converter, ggml-org/llama.cpp PR #27040). The same silent fallback to the
+    defaults cost 1.2% acceptance against 58.9% in vllm-project/vllm PR #50170. The bundle's
+    drafts are all nested, so only a speculators-layout draft shows it."""
 
     name = "zoo:top_level_ids_ignored"
     bug_class = "top-level (speculators) ids ignored; the engine captures its defaults (2, N//2, N-3)"
     expected_diagnosis_kind = "ids_ignored"
     hook = "capture_boundaries"
-    issue = "sgl-project/sglang model_runner.py (nested key only, bare except); DESIGN.md"
+    issue = "vllm-project/vllm PR #50170 (silent fallback); sglang model_runner.py nested key only"
     caught_by = "test_layer_ids.py::"
 
     def capture_boundaries(self) -> Sequence[int]:
@@ -405,17 +411,54 @@ class SlotsSorted(Mutant):
     inside the layer loop, TensorRT-LLM sorts the ids; SpecForge keeps list order, so a draft
     trained with [5, 1] fed fc cat(b6, b2) and is served cat(b2, b6). Every bundle list is
     ascending, so only an unsorted list shows it (cf. zoo:slots_descending, which every
-    bundle draft shows)."""
+    bundle draft shows; capture order = layer order: vllm-project/vllm PR #30574)."""
 
     name = "zoo:slots_sorted"
     bug_class = "aux slots re-sorted ascending; the config's (unsorted) order lost"
     expected_diagnosis_kind = "order_permuted"
     hook = "capture_boundaries"
-    issue = "vllm _set_aux_hidden_state_layers sorted(set(ids)); NVIDIA/TensorRT-LLM eagle3.py sorted ids"
+    issue = "vllm-project/vllm PR #30574 (capture order = layer order); vLLM sorted(set(ids))"
     caught_by = "test_layer_ids.py::"
 
     def capture_boundaries(self) -> Sequence[int]:
         return tuple(sorted(self.trained_boundaries()))
+# -- throughput: the serving loop around correct wiring -------------------------------------
+
+
+class ServingLoopStall(Mutant):
+    """Correct wiring, full acceptance, and speculation that does not pay: each verify round
+    costs its kernels plus twice as much again in the serving loop (host syncs, per-round
+    scheduling, drafting without CUDA graphs). sgl-project/sglang PR #4247 measured EAGLE-3 at
+    276 tok/s without CUDA graphs against 378 with; sgl-project/sglang#6949 saw 59 tok/s with
+    EAGLE against 61 without at an acceptance it called fine; the motivating deployment of
+    DESIGN.md served 54.8 tok/s against 90 without speculation."""
+
+    name = "zoo:serving_loop_stall"
+    bug_class = "verify rounds cost three times their kernels (serving-loop overhead)"
+    expected_diagnosis_kind = "speculation_overhead"
+    hook = "rollback"
+    issue = "sgl-project/sglang PR #4247; sgl-project/sglang#6949"
+    observable = "throughput"
+    factor: ClassVar[float] = 3.0  # a round lasts this many times its own work
+
+    def rollback(self, kv: DraftKV, length: int) -> None:
+        """The rollback closes a round: stall there for (factor - 1) x the round just done."""
+        super().rollback(kv, length)
+        now = time.perf_counter()
+        last = self.__dict__.get("_round_end")
+        if last is not None and now - last < 1.0:  # within one decode, not across calls
+            time.sleep((self.factor - 1) * (now - last))
+        self.__dict__["_round_end"] = time.perf_counter()
+
+
+class Slowdown20(ServingLoopStall):
+    """A regression, not a nonconformance: every verify round 20% slower. Not in MUTANTS (no
+    conformance check has a baseline to see it); benchmarks/gate_soundness.py serves it by
+    dotted path (`harness.engines.zoo:Slowdown20`) to show the regression gate catches it."""
+
+    name = "harness.engines.zoo:Slowdown20"
+    bug_class = "every verify round 20% slower than the baseline"
+    factor = 1.2
 
 
 MUTANTS: dict[str, type[Mutant]] = {cls.name.removeprefix("zoo:"): cls for cls in (
@@ -434,6 +477,7 @@ MUTANTS: dict[str, type[Mutant]] = {cls.name.removeprefix("zoo:"): cls for cls i
     D2tAbsolute,
     DraftKvNotRolledBack,
     MoeCaptureSkipped,
+    ServingLoopStall,
     FirstIdShiftRule,
     TopLevelIdsIgnored,
     SlotsSorted,

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
-from harness.models.target import decoder_layers
+from harness.models.residual import StateRecorder
 
 
 @dataclass
@@ -37,30 +37,20 @@ def target_features(model: torch.nn.Module, prompt: Sequence[int]) -> TargetFeat
     """One prompt at a time, unpadded, so no padding convention leaks into the golden data."""
     device = next(model.parameters()).device
     ids = torch.tensor([list(prompt)], dtype=torch.long, device=device)
-    layers = decoder_layers(model)
-    inputs: list[torch.Tensor] = []
-    mlps: list[torch.Tensor] = []
-    handles = []
-    for layer in layers:
-        handles.append(layer.register_forward_pre_hook(
-            lambda _m, args, kwargs: inputs.append(
-                (args[0] if args else kwargs["hidden_states"])[0].float().clone()),
-            with_kwargs=True))
-        handles.append(layer.mlp.register_forward_hook(
-            lambda _m, _a, out: mlps.append((out[0] if isinstance(out, tuple) else out)[0].float().clone())))
-    norm = model.model.norm
-    handles.append(norm.register_forward_pre_hook(lambda _m, args: inputs.append(args[0][0].float().clone())))
-    normed: list[torch.Tensor] = []
-    handles.append(norm.register_forward_hook(lambda _m, _a, out: normed.append(out[0].float().clone())))
+    recorder = StateRecorder(model)
+    recorder.active = True
     try:
         out = model(input_ids=ids, use_cache=False)
+        states = recorder.take()
     finally:
-        for h in handles:
-            h.remove()
-    boundaries = torch.stack(inputs, 0).cpu()
-    mlp_out = torch.stack([boundaries[0]] + [m.cpu() for m in mlps], 0)
-    return TargetFeatures(boundaries=boundaries, final_normed=normed[0].cpu(),
-                          mlp_out=mlp_out, logits=out.logits[0].float().cpu())
+        recorder.close()
+    return TargetFeatures(boundaries=_row(states.inputs), final_normed=_row([states.final_normed])[0],
+                          mlp_out=_row(states.mlp_out), logits=out.logits[0].float().cpu())
+
+
+def _row(states: Sequence[torch.Tensor]) -> torch.Tensor:
+    """The one prompt's [T, H] of each recorded [1, T, H] state, stacked, fp32, on the CPU."""
+    return torch.stack([x[0].float().clone() for x in states], 0).cpu()
 
 
 def aux_features(features: TargetFeatures, boundaries: Sequence[int]) -> torch.Tensor:

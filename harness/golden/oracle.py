@@ -13,7 +13,7 @@ from functools import cached_property
 import torch
 
 from harness.golden.bundle import Bundle, DraftSpec
-from harness.golden.features import TargetFeatures, aux_features, target_features
+from harness.golden.features import TargetFeatures, target_features
 from harness.models.draft import Eagle3Draft
 from harness.models.target import load_target, routing_margins
 
@@ -62,23 +62,10 @@ class Oracle:
             self._margins[key] = routing_margins(self.target, list(key))
         return self._margins[key]
 
-    def aux(self, draft: str, prompt: Sequence[int]) -> torch.Tensor:
-        """What training fed fc for this prompt: [T, n*H] in training slot order."""
-        return aux_features(self.features(prompt), self.spec(draft).boundaries)
-
     @torch.no_grad()
     def fc(self, draft: str, features: torch.Tensor) -> torch.Tensor:
         """The trained fc (with its norms) on given features, in fp32."""
         return self.draft(draft).project(features.float())
-
-    @torch.no_grad()
-    def greedy(self, prompt: Sequence[int], max_new_tokens: int) -> list[int]:
-        ids = torch.tensor([list(prompt)])
-        out = self.target.generate(input_ids=ids, attention_mask=torch.ones_like(ids),
-                                   do_sample=False, max_new_tokens=max_new_tokens,
-                                   min_new_tokens=max_new_tokens,
-                                   pad_token_id=self.target.config.pad_token_id)
-        return out[0, ids.shape[1]:].tolist()
 
     @torch.no_grad()
     def top2_margin(self, tokens: Sequence[int]) -> float:

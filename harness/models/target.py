@@ -85,32 +85,6 @@ def decoder_layers(model: torch.nn.Module) -> torch.nn.ModuleList:
     return inner.layers
 
 
-@torch.no_grad()
-def boundary_states(model: torch.nn.Module, input_ids: torch.Tensor,
-                    attention_mask: torch.Tensor | None = None) -> torch.Tensor:
-    """All N+1 boundaries of a forward pass, by definition: the input of each decoder layer,
-    then the input of the final norm. Hooks, not `output_hidden_states`, because some
-    transformers versions return boundary N after the norm.
-
-    Returns [N+1, batch, seq, hidden].
-    """
-    layers = decoder_layers(model)
-    captured: list[torch.Tensor] = []
-    handles = [layer.register_forward_pre_hook(
-        lambda _m, args, kwargs: captured.append(
-            (args[0] if args else kwargs["hidden_states"]).detach().clone()),
-        with_kwargs=True) for layer in layers]
-    norm = model.model.norm
-    handles.append(norm.register_forward_pre_hook(
-        lambda _m, args: captured.append(args[0].detach().clone())))
-    try:
-        model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
-    finally:
-        for h in handles:
-            h.remove()
-    return torch.stack(captured, dim=0)
-
-
 def _router_margin(gate: torch.nn.Module, hidden: torch.Tensor) -> torch.Tensor:
     """Per token: how far grouped top-k routing is from choosing differently, in fp32 score
     units (the smaller of the group-selection gap and the expert-selection gap). A margin

@@ -9,21 +9,14 @@ import json
 import pytest
 import torch
 
-from harness.diagnose import (
-    Diagnosis,
-    crash_diagnosis,
-    d2t_absolute_diagnosis,
-    diagnose_capture,
-    draft_kv_not_rolled_back_diagnosis,
-    fc_diagnosis,
-    fc_on_recurrent_state_diagnosis,
-    fc_output_is_raw_input,
-    fc_skipped_diagnosis,
-    judge_fc,
-    rtol_for,
-)
+from harness.assertions import judge_fc
+from harness.diagnosis.capture import diagnose_capture
+from harness.diagnosis.crash import crash_diagnosis
+from harness.diagnosis.draft_side import fc_diagnosis, fc_output_is_raw_input
+from harness.diagnosis.record import Diagnosis
 from harness.golden.features import TargetFeatures, aux_features, target_features
 from harness.models.target import build_target, target_config_dict
+from harness.tolerances import rtol_for
 
 N = 8
 SPECFORGE = [2, 4, 5]  # SpecForge default ids [1, 3, 4]
@@ -206,11 +199,8 @@ def test_fc_level_constructors(golden):
     aux = aux_features(golden[0], [4])
     assert fc_output_is_raw_input(aux.clone(), aux, 1e-3) == 0
     assert fc_output_is_raw_input(torch.randn_like(aux), aux, 1e-3) is None
-    for build, kind in [(fc_skipped_diagnosis, "fc_skipped"),
-                        (fc_on_recurrent_state_diagnosis, "fc_on_recurrent_state"),
-                        (d2t_absolute_diagnosis, "d2t_absolute"),
-                        (draft_kv_not_rolled_back_diagnosis, "draft_kv_not_rolled_back")]:
-        d = build("fc output equals slot 0", slot=0)
+    for kind in ("fc_skipped", "fc_on_recurrent_state", "d2t_absolute", "draft_kv_not_rolled_back"):
+        d = fc_diagnosis(kind, "fc output equals slot 0", slot=0)
         assert d.kind == kind and d.message.startswith("fc output equals slot 0; root cause:")
         assert d.details == {"slot": 0} and json.dumps(d.to_json())
     with pytest.raises(ValueError, match="unknown fc-level kind"):

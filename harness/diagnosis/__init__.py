@@ -1,0 +1,10 @@
+"""Root-cause diagnosis: turn "the engine differs from training" into one named cause and the
+id list (or engine fix) that removes it. It words causes; it never decides pass/fail (that is
+`harness.assertions`).
+
+- `record`: the `Diagnosis` record, its kinds and the per-slot `SlotMatch`;
+- `fingerprint`: the per-token error measure and what each engine slot holds;
+- `capture`: naming the cause of an aux-capture mismatch, and its wording;
+- `draft_side`: the kinds seen past the capture (fc, vocabulary map, draft cache);
+- `crash`: reading a cause out of an engine's error message.
+"""

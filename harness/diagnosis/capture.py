@@ -1,0 +1,248 @@
+"""Capture classification: name the one cause that explains what the slots hold (offset,
+missing embedding, permuted order, normed final boundary, missing residual, skipped capture,
+ignored ids) and word it with the id list that fixes it in the engine's convention.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from harness.boundaries import (
+    CONVENTIONS,
+    Convention,
+    LayerIdError,
+    boundaries_to_ids,
+    get_convention,
+    ids_to_boundaries,
+    short_boundary,
+)
+from harness.diagnosis.fingerprint import fingerprint
+from harness.diagnosis.record import FINAL_NORMED, ZERO, Diagnosis, Label, SlotMatch, mlp_label
+from harness.golden.features import TargetFeatures
+from harness.tolerances import rtol_for
+
+
+def _phrase(label: Label, n: int) -> str:
+    if isinstance(label, int):
+        return f"boundary {label} ({short_boundary(label, n)})"
+    if label == FINAL_NORMED:
+        return f"boundary {n} after the final norm"
+    if label == ZERO:
+        return "all zeros"
+    if isinstance(label, str) and label.startswith("mlp_out["):
+        k = int(label[len("mlp_out["):-1])
+        return f"layer {k - 1}'s MLP output without the residual (boundary {k} minus its residual)"
+    return "no boundary of the target"
+
+
+def _slot_is_stale(s: SlotMatch) -> bool:
+    """Right on some tokens, zero or unmatched on the rest: capture skipped for some positions
+    or layers, leaving stale or zero values behind."""
+    if s.expected is None or s.exact:
+        return False
+    if 0 < s.expected_fraction < 1 and s.telling_hits:
+        rest = sum(v for k, v in s.token_labels.items() if k in (ZERO, None))
+        wrong = sum(v for k, v in s.token_labels.items() if k not in (ZERO, None, s.expected))
+        return rest > 0 and rest >= wrong
+    return False
+
+
+def _classify(slots: list[SlotMatch], train: list[int], n: int) -> tuple[str, int | None, int | None]:
+    """(kind, offset, the slot the message should point at)."""
+    found = [s.found for s in slots]
+    if len(slots) == len(train) and all(s.exact for s in slots):
+        return "ok", None, None
+    for s in slots:
+        # A post-norm state in any slot: the engine took its deepest capture after the final
+        # norm (wherever training put that slot, no pre-norm boundary equals it).
+        if s.found == FINAL_NORMED and s.expected is not None:
+            return "final_boundary_normed", None, s.slot
+    for s in slots:
+        if s.expected is not None and s.found == mlp_label(s.expected) and s.expected > 0:
+            return "residual_missing", None, s.slot
+    for s in slots:
+        if _slot_is_stale(s):
+            return "stale_or_skipped", None, s.slot
+    for s in slots:
+        if s.found == ZERO and s.expected is not None and s.expected not in (0, n):
+            return "stale_or_skipped", None, s.slot
+    first_bad = next((s.slot for s in slots if not s.exact), min(len(slots), len(train) - 1))
+    ints = [f for f in found if isinstance(f, int)]
+    if len(slots) == len(train) and len(ints) == len(found):
+        if sorted(ints) == sorted(train):
+            return "order_permuted", None, first_bad
+        shifts = {f - t for f, t in zip(ints, train, strict=True)}
+        if len(shifts) == 1:
+            return "offset", shifts.pop(), first_bad
+        # a shift that cannot move an endpoint: "-1 = embedding" honoured while every real id
+        # shifts, or a +1 that stops at the last layer's output (no boundary beyond N)
+        inner = {f - t for f, t in zip(ints, train, strict=True) if not (f == t and t in (0, n))}
+        if len(inner) == 1 and 0 not in inner:
+            return "offset", inner.pop(), first_bad
+    if 0 in train and 0 not in found:
+        return "embedding_missing", None, train.index(0) if train.index(0) < len(slots) else first_bad
+    if n in train and n not in found:
+        return "final_boundary_missing", None, train.index(n) if train.index(n) < len(slots) else first_bad
+    if len(ints) == len(found) < len(train) and set(ints) < set(train):
+        # every slot that arrived is right, some never did: capture skipped for those layers
+        # (SGLang's two-batch-overlap path captures nothing past the dense layers)
+        return "stale_or_skipped", None, None
+    return "unknown", None, first_bad
+
+
+_CAUSE = {
+    "embedding_missing": "embedding missing — the engine shifted ids or cannot capture the embedding",
+    "final_boundary_missing": "final boundary missing — the engine never captures the last layer's output",
+    "final_boundary_normed": "final boundary normed — the engine hands over the last layer's output after the final norm",
+    "residual_missing": "residual missing — the engine captures the MLP output without adding the residual back",
+    "order_permuted": "order permuted — the right boundaries in the wrong slots",
+    "stale_or_skipped": "capture skipped — the engine skips capture for some layers or positions and leaves stale or zero values",
+    "ids_ignored": "ids ignored — the engine captured its own default boundaries, not the ids the draft "
+                   "config lists (vLLM's V2 model runner reads a top-level eagle_aux_hidden_state_layer_ids "
+                   "or eagle_config.layer_ids, never the nested eagle_config.eagle_aux_hidden_state_layer_ids "
+                   "that SpecForge writes, and falls back to the model's (2, N//2, N-3))",
+    "unknown": "unknown — no single known cause explains the slots",
+}
+_ENGINE_BUGS = ("final_boundary_normed", "residual_missing", "stale_or_skipped")
+
+
+def _ignored_ids(found: list[Label], train: list[int], n: int,
+                 engine_convention: str | Convention | None,
+                 config_ids: Sequence[int] | None) -> bool:
+    """The slots hold the engine's default boundaries while the config asked for others: the
+    engine never read the ids (checked before the per-slot causes, which would otherwise
+    blame whichever slot happens to differ)."""
+    if not config_ids or found == train or not all(isinstance(f, int) for f in found):
+        return False
+    names = [engine_convention] if engine_convention else list(CONVENTIONS)
+    defaults = {tuple(get_convention(c).default_boundaries(n)) for c in names}
+    if tuple(found) not in defaults:
+        return False
+    for c in names:
+        try:
+            if list(ids_to_boundaries(config_ids, c, n)) == found:
+                return False  # the ids, read in some convention, say exactly these boundaries
+        except LayerIdError:
+            continue
+    return True
+
+
+def _consistent(config_ids: Sequence[int] | None, found: list[Label], n: int) -> list[str]:
+    if not config_ids or not all(isinstance(f, int) for f in found):
+        return []
+    out = []
+    for name, conv in CONVENTIONS.items():
+        try:
+            if list(ids_to_boundaries(config_ids, conv, n)) == found:
+                out.append(name)
+        except LayerIdError:
+            continue
+    return out
+
+
+def diagnose_capture(
+    features: Sequence[torch.Tensor],
+    golden: Sequence[TargetFeatures],
+    training_boundaries: Sequence[int],
+    *,
+    engine_convention: str | Convention | None = None,
+    config_ids: Sequence[int] | None = None,
+    rtol: float = rtol_for("float32"),
+    outlier_budget: float = 0.0,
+) -> Diagnosis:
+    """Name the root cause of an aux-feature mismatch.
+
+    features: per prompt, what the engine handed the draft, [T, n*H] in engine slot order;
+    golden: the fp32 training-time features of the same prompts; training_boundaries: the
+    boundaries training put in each slot; engine_convention: a key of CONVENTIONS or an
+    adapter's own Convention, to word the fix as an id list; config_ids: the draft config's
+    ids, to say which convention the engine behaved like; rtol: per-token relative tolerance
+    (see `harness.tolerances`).
+    """
+    n = golden[0].num_layers
+    train = [int(b) for b in training_boundaries]
+    slots = fingerprint(features, golden, train, rtol)
+    for s in slots:
+        s.tolerated = (outlier_budget > 0 and s.expected is not None
+                       and s.expected_fraction >= 1 - outlier_budget and s.rel_error <= rtol)
+    found: list[Label] = [s.found for s in slots]
+    kind, offset, at = _classify(slots, train, n)
+    # a uniform shift is the simpler explanation where both fit; ids_ignored explains the rest
+    if kind not in ("ok", "offset", *_ENGINE_BUGS) and _ignored_ids(found, train, n, engine_convention,
+                                                                     config_ids):
+        kind, offset = "ids_ignored", None
+        at = next((s.slot for s in slots if not s.exact), None)
+    consistent = _consistent(config_ids, found, n)
+    conv = get_convention(engine_convention) if engine_convention else None
+    conv_name = conv.name if conv else None
+
+    suggested: list[int] | None = None
+    fix = ""
+    if kind == "ok":
+        fix = "The engine hands the draft exactly the boundaries training used."
+    elif kind in _ENGINE_BUGS:
+        fix = "This is an engine bug, not a config problem; no id list fixes it."
+    elif conv is None:
+        fix = "Name the engine's convention to get the id list that fixes this."
+    else:
+        try:
+            suggested = list(boundaries_to_ids(train, conv, n))
+            fix = f"Set eagle_aux_hidden_state_layer_ids to {suggested} for {conv_name}."
+            if kind == "ids_ignored":
+                fix = (f"The engine must read the ids: put eagle_aux_hidden_state_layer_ids: "
+                       f"{suggested} where {conv_name} reads it (for vLLM's V2 runner, at the top "
+                       f"level of the draft config).")
+        except LayerIdError as err:
+            fix = f"{err}."
+
+    message = _message(kind, offset, at, slots, train, n, consistent, config_ids) + " " + fix
+    return Diagnosis(kind=kind, message=message, engine_boundaries=found, training_boundaries=train,
+                     suggested_layer_ids=suggested, slots=slots, engine_convention=conv_name,
+                     consistent_conventions=consistent, num_layers=n, offset=offset,
+                     details={"rtol": rtol, "outlier_budget": outlier_budget,
+                              "num_prompts": len(features),
+                              "engine_slots": len(slots), "training_slots": len(train)})
+
+
+def _message(kind: str, offset: int | None, at: int | None, slots: list[SlotMatch],
+             train: list[int], n: int, consistent: list[str],
+             config_ids: Sequence[int] | None) -> str:
+    if kind == "ok":
+        return f"all {len(slots)} slots match training boundaries {train}."
+    parts = []
+    if at is not None and at < len(slots):
+        s = slots[at]
+        what = _phrase(s.found, n)
+        if kind == "stale_or_skipped":
+            what = (f"boundary {s.expected} on {s.expected_fraction:.0%} of tokens, "
+                    f"{s.zero_fraction:.0%} zeros, the rest stale")
+        elif s.match_fraction < 1 and s.found is not None:
+            what += f" on {s.match_fraction:.0%} of tokens"
+        parts.append(f"slot {at} is {what}, training used boundary {train[at]} "
+                     f"({short_boundary(train[at], n)})")
+    if len(slots) != len(train):
+        missing = [b for b in train if b not in [s.found for s in slots]]
+        parts.append(f"the engine handed {len(slots)} slots, training used {len(train)}"
+                     + (f" (boundaries {missing} never arrived)" if missing else ""))
+    head = "; ".join(parts)
+    if kind == "offset":
+        assert offset is not None
+        later = "later" if offset > 0 else "earlier"
+        names = {0: "the embedding", n: "the final boundary"}
+        held = {t: s.found for t, s in zip(train, slots, strict=False)}
+        kept = [e for e in names if held.get(e) == e]
+        cause = (f"offset {offset:+d} — every slot"
+                 + (f" but {' and '.join(names[e] for e in kept)}" if kept else "")
+                 + f" is {abs(offset)} boundar{'y' if abs(offset) == 1 else 'ies'} {later} than training")
+        if 0 in train and 0 not in kept:
+            cause += ", and the embedding is lost with it"
+    else:
+        cause = _CAUSE[kind]
+    msg = f"{head}; root cause: {cause}." if head else f"root cause: {cause}."
+    found = [s.found for s in slots]
+    msg += f" Engine slots hold {found}, training used {train}."
+    if consistent and config_ids is not None:
+        msg += f" The engine read ids {list(config_ids)} as {' / '.join(consistent)} would."
+    return msg

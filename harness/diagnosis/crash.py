@@ -1,0 +1,45 @@
+"""Reading a cause out of an engine's error message: an engine that fails on a draft is
+nonconformant too, and its error often shows why (a matmul shape error that counts the aux
+slots fc was fed). The caller holds the draft's spec and passes its ids; no config is
+re-read here.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+from harness.diagnosis.record import Diagnosis
+
+_SHAPES = re.compile(r"mat1 and mat2 shapes cannot be multiplied \((\d+)x(\d+) and (\d+)x(\d+)\)")
+
+
+def crash_diagnosis(message: str, config_ids: Sequence[int], target_hidden: int) -> Diagnosis:
+    """An engine that fails on a draft is nonconformant too; name why where the error shows it.
+
+    A matmul shape error whose fed width is a multiple of the target hidden size smaller than
+    fc's input means aux slots went missing: an id matched no layer (a negative id, e.g. the
+    "-1 = embedding" style, in an engine that has no such id)."""
+    m = _SHAPES.search(message)
+    first = message.strip().splitlines()[0] if message.strip() else "engine failure"
+    if m and int(m.group(2)) % target_hidden == 0 and int(m.group(3)) % target_hidden == 0:
+        fed, want = int(m.group(2)) // target_hidden, int(m.group(3)) // target_hidden
+        if fed < want:
+            dropped = [i for i in config_ids if i < 0]
+            kind = "embedding_missing" if dropped else "engine_crash"
+            why = (f"ids {dropped} match no layer in this engine, so their slots are dropped"
+                   if dropped else "some ids match no captured layer")
+            return Diagnosis(kind=kind, message=(
+                f"the engine fed fc {fed} aux states where the draft's fc takes {want} ({why}) and "
+                f"crashed: {first}. Training fed the embedding output there; this engine cannot "
+                f"express it with these ids."), engine_boundaries=[], training_boundaries=[],
+                suggested_layer_ids=None, details={"fed_slots": fed, "fc_slots": want})
+        if fed > want:
+            return Diagnosis(kind="ids_ignored", message=(
+                f"the engine fed fc {fed} aux states where the draft's fc takes {want} and crashed: "
+                f"{first}. It captured more layers than the config's ids {list(config_ids)} name, "
+                f"so it took its layer list from elsewhere (an engine that ignores the ids captures "
+                f"its default three)."), engine_boundaries=[], training_boundaries=[],
+                suggested_layer_ids=None, details={"fed_slots": fed, "fc_slots": want})
+    return Diagnosis(kind="engine_crash", message=f"the engine failed serving this draft: {first}",
+                     engine_boundaries=[], training_boundaries=[], suggested_layer_ids=None)

@@ -1,0 +1,106 @@
+"""Slot fingerprinting: what each engine slot holds, token by token, among every golden
+boundary and the states engines hand over by mistake (boundary N after the final norm, an MLP
+output without its residual, zeros).
+
+Token-level matching, not a whole-tensor distance, is what makes this robust: an engine that
+skips capture on some layers or positions leaves a slot that is right on some tokens and stale
+elsewhere, and a whole-tensor distance would call it "no match". Distances are relative per
+token, so a bf16 engine matches at a bf16 tolerance.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Sequence
+
+import torch
+
+from harness.diagnosis.record import FINAL_NORMED, ZERO, Label, SlotMatch, mlp_label
+from harness.golden.features import TargetFeatures
+
+
+def relative_errors(x: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
+    """Per token (last dim reduced), |x - ref| / |ref| in fp32: the one error measure every
+    capture and fc comparison uses. Broadcasts, so x [T, H] against ref [C, T, H] gives [C, T]."""
+    ref = ref.float()
+    return (x.float() - ref).norm(dim=-1) / ref.norm(dim=-1).clamp_min(1e-12)
+
+
+def _candidates(golden: TargetFeatures) -> tuple[list[Label], torch.Tensor]:
+    """Every state an engine could plausibly hand the draft, stacked [C, T, H]."""
+    n = golden.num_layers
+    labels: list[Label] = list(range(n + 1)) + [FINAL_NORMED] + [mlp_label(k) for k in range(1, n + 1)]
+    states = torch.cat([golden.boundaries.float(), golden.final_normed.float()[None],
+                        golden.mlp_out[1:].float()], dim=0)
+    return labels, states
+
+
+def nearest_labels(chunk: torch.Tensor, golden: TargetFeatures) -> list[Label]:
+    """Per token, the golden state ([T, H] chunk of one slot) lies closest to, by relative
+    error: what the engine's state is still recognisable as when it is beyond tolerance."""
+    labels, states = _candidates(golden)
+    return [labels[int(i)] for i in relative_errors(chunk[None], states).argmin(dim=0)]
+
+
+def _match_slot(slot: int, chunks: list[torch.Tensor], golden: Sequence[TargetFeatures],
+                expected: int | None, rtol: float) -> SlotMatch:
+    counts: Counter[Label] = Counter()
+    in_tol = telling = zeros = total = 0
+    diff_sq = ref_sq = dot = x_sq = 0.0
+    for x, gold in zip(chunks, golden, strict=True):
+        labels, states = _candidates(gold)
+        err = relative_errors(x[None], states)  # [C, T]
+        x_norm = x.norm(dim=-1)
+        tiny = 1e-6 * gold.boundaries.norm(dim=-1).mean(0)  # [T]: "zero" at this token's scale
+        is_zero = x_norm <= tiny
+        best_err, best = err.min(dim=0)
+        for t in range(x.shape[0]):
+            if best_err[t] <= rtol:  # before the zero test: a pad token's embedding is zero
+                counts[labels[int(best[t])]] += 1
+            elif is_zero[t]:
+                counts[ZERO] += 1
+            else:
+                counts[None] += 1
+        zeros += int(is_zero.sum())
+        total += x.shape[0]
+        if expected is not None:
+            ref = gold.boundaries[expected].float()
+            hit = err[expected] <= rtol
+            in_tol += int(hit.sum())
+            telling += int((hit & (ref.norm(dim=-1) > tiny)).sum())
+            diff_sq += float(((x - ref) ** 2).sum())
+            ref_sq += float((ref ** 2).sum())
+            dot += float((x * ref).sum())
+            x_sq += float((x ** 2).sum())
+    found, hits = counts.most_common(1)[0]
+    nan = float("nan")
+    rel = math.sqrt(diff_sq / ref_sq) if expected is not None and ref_sq > 0 else nan
+    cos = dot / math.sqrt(x_sq * ref_sq) if expected is not None and x_sq * ref_sq > 0 else nan
+    return SlotMatch(slot=slot, expected=expected, found=found, match_fraction=hits / total,
+                     expected_fraction=in_tol / total if expected is not None else 0.0,
+                     zero_fraction=zeros / total, rel_error=rel, cosine=cos,
+                     telling_hits=telling, token_labels=counts)
+
+
+def fingerprint(features: Sequence[torch.Tensor], golden: Sequence[TargetFeatures],
+                training_boundaries: Sequence[int], rtol: float) -> list[SlotMatch]:
+    """Match every engine slot (H-wide chunk of the features) against the golden states."""
+    if len(features) != len(golden) or not features:
+        raise ValueError(f"got features for {len(features)} prompts and golden data for "
+                         f"{len(golden)}; pass one of each per prompt")
+    hidden = golden[0].boundaries.shape[-1]
+    width = features[0].shape[-1]
+    if width % hidden:
+        raise ValueError(f"feature width {width} is not a multiple of the target hidden size {hidden}")
+    for p, (x, g) in enumerate(zip(features, golden, strict=True)):
+        if x.shape[0] != g.boundaries.shape[1] or x.shape[-1] != width:
+            raise ValueError(f"prompt {p}: engine features {tuple(x.shape)} do not line up with "
+                             f"{g.boundaries.shape[1]} golden tokens of width {width}; "
+                             f"return one row per prompt token")
+    slots = []
+    for s in range(width // hidden):
+        chunks = [x.float()[:, s * hidden:(s + 1) * hidden] for x in features]
+        expected = training_boundaries[s] if s < len(training_boundaries) else None
+        slots.append(_match_slot(s, chunks, golden, expected, rtol))
+    return slots

@@ -1,0 +1,96 @@
+"""The diagnosis record every check attaches to a failure (and report.json carries): its kind,
+its one-paragraph message, and for capture kinds what each engine slot held.
+
+Plain data, no torch: the report and the crash parser build and read it without tensors.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+CRASH_KINDS = ("engine_crash",)
+CAPTURE_KINDS = ("ok", "offset", "embedding_missing", "order_permuted", "final_boundary_normed",
+                 "final_boundary_missing", "residual_missing", "stale_or_skipped", "ids_ignored",
+                 "unknown")
+DRAFT_SIDE_KINDS = ("fc_skipped", "fc_wrong", "fc_on_recurrent_state", "d2t_absolute",
+            "draft_kv_not_rolled_back")
+THROUGHPUT_KINDS = ("speculation_overhead",)
+KINDS = CAPTURE_KINDS + DRAFT_SIDE_KINDS + CRASH_KINDS + THROUGHPUT_KINDS
+
+FINAL_NORMED = "final_normed"
+ZERO = "zero"
+
+
+def mlp_label(k: int) -> str:
+    """Label of boundary k without its residual: layer k-1's MLP/MoE output alone."""
+    return f"mlp_out[{k}]"
+
+
+Label = int | str | None
+
+
+@dataclass
+class SlotMatch:
+    """What one engine slot holds. `found` is the label most of its tokens match: a boundary
+    int, "final_normed", "mlp_out[k]", "zero", or None (most tokens match nothing)."""
+
+    slot: int
+    expected: int | None  # the training boundary for this slot (None: an extra engine slot)
+    found: Label
+    match_fraction: float  # share of tokens whose nearest candidate (within tol) is `found`
+    expected_fraction: float  # share of tokens within tol of the expected boundary
+    zero_fraction: float
+    rel_error: float  # whole-slot relative L2 error against the expected boundary
+    cosine: float  # whole-slot cosine against the expected boundary
+    telling_hits: int = 0  # tokens matching the expected boundary where it is not ~zero
+    token_labels: Counter[Label] = field(default_factory=Counter, repr=False)
+    tolerated: bool = False  # within the dtype's outlier budget (harness.tolerances)
+
+    @property
+    def exact(self) -> bool:
+        return self.expected is not None and (self.expected_fraction == 1.0 or self.tolerated)
+
+    def to_json(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["token_labels"] = {str(k): v for k, v in self.token_labels.items()}
+        for key in ("rel_error", "cosine"):
+            if math.isnan(out[key]):
+                out[key] = None
+        return out
+
+
+@dataclass
+class Diagnosis:
+    kind: str
+    message: str
+    engine_boundaries: list[Label]
+    training_boundaries: list[int]
+    suggested_layer_ids: list[int] | None
+    slots: list[SlotMatch] = field(default_factory=list)
+    engine_convention: str | None = None
+    consistent_conventions: list[str] = field(default_factory=list)
+    num_layers: int | None = None
+    offset: int | None = None  # the signed shift, for kind "offset"
+    details: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"unknown diagnosis kind {self.kind!r}; use one of {KINDS}")
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "message": self.message,
+            "engine_boundaries": list(self.engine_boundaries),
+            "training_boundaries": list(self.training_boundaries),
+            "suggested_layer_ids": self.suggested_layer_ids,
+            "engine_convention": self.engine_convention,
+            "consistent_conventions": list(self.consistent_conventions),
+            "num_layers": self.num_layers,
+            "offset": self.offset,
+            "slots": [s.to_json() for s in self.slots],
+            "details": dict(self.details),
+        }

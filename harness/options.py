@@ -1,0 +1,133 @@
+"""The run options, defined once: their flags, defaults, help and choices, and the validation of
+their values. The pytest plugin registers them (`pytest --engine ...`); the CLI's `run`
+registers the same ones, validates with the same functions before pytest starts (so bad input
+is one line, not a traceback out of collection) and forwards them to pytest unchanged.
+
+Imports no torch and no engine: the plugin loads in every pytest run of the environment.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from harness.registry import EngineLookupError, check_engine_name
+from harness.report import clear_reports
+from harness.tolerances import DTYPES
+
+
+class OptionError(ValueError):
+    """A bad option value; the message is one line, `<problem>; <fix>`."""
+
+
+@dataclass(frozen=True)
+class RunOption:
+    flag: str
+    help: str
+    default: Any = None
+    choices: tuple[str, ...] | None = None
+    type: Callable[[str], Any] | None = None
+    action: str | None = None
+    metavar: str | None = None
+
+    @property
+    def dest(self) -> str:
+        return self.flag.removeprefix("--").replace("-", "_")
+
+    def argparse_kwargs(self) -> dict[str, Any]:
+        """What both argparse and pytest's addoption take."""
+        kwargs = {"help": self.help, "default": self.default, "choices": self.choices,
+                  "type": self.type, "action": self.action, "metavar": self.metavar}
+        return {k: v for k, v in kwargs.items() if v is not None}
+
+
+RUN_OPTIONS: tuple[RunOption, ...] = (
+    RunOption("--engine", "engine adapter: reference, vllm, sglang, zoo:<mutant> or "
+                          "package.module:Class (default: reference)",
+              default="reference", metavar="NAME"),
+    RunOption("--bundle", "golden bundle folder (default: the committed golden/tiny-dsv3)",
+              metavar="PATH"),
+    RunOption("--draft", "run only this draft of the bundle (repeatable; default: every draft)",
+              action="append", metavar="NAME"),
+    RunOption("--dtype", "engine dtype (default: the engine's own, e.g. float32 reference, "
+                         "bfloat16 vllm)", choices=DTYPES),
+    RunOption("--device", "engine device (default: cpu)", default="cpu"),
+    RunOption("--num-draft-tokens", "chain length k of speculative decoding (default: 4)",
+              default=4, type=int, metavar="K"),
+    RunOption("--report-dir", "write report.json, report.md, report.html and junit.xml here "
+                              "(`eagle3-conformance run`: default reports/<engine>)",
+              metavar="DIR"),
+    RunOption("--xfails", "known-nonconformance list (default: suites/xfails/<engine>.txt, "
+                          "the engine name with every character but letters, digits, . - _ "
+                          "as _)", metavar="FILE"),
+)
+
+
+def add_run_options(add: Callable[..., Any]) -> None:
+    """Register every run option with `add` (argparse's add_argument, pytest's addoption)."""
+    for opt in RUN_OPTIONS:
+        add(opt.flag, dest=opt.dest, **opt.argparse_kwargs())
+
+
+def forward(values: Mapping[str, Any]) -> list[str]:
+    """The pytest arguments that pass `values` (by dest) on unchanged; unset ones are left out."""
+    args: list[str] = []
+    for opt in RUN_OPTIONS:
+        value = values.get(opt.dest)
+        if value is None:
+            continue
+        for v in value if opt.action == "append" else [value]:
+            args += [opt.flag, str(v)]
+    return args
+
+
+def validate(values: Mapping[str, Any]) -> None:
+    """The checks that need nothing loaded: engine name syntax, k, the xfails file."""
+    try:
+        check_engine_name(values["engine"])
+    except EngineLookupError as e:
+        raise OptionError(str(e)) from None
+    if values["num_draft_tokens"] < 1:
+        raise OptionError(f"--num-draft-tokens {values['num_draft_tokens']} is not a chain "
+                          f"length; pass 1 or more")
+    xfails = values.get("xfails")
+    if xfails and not Path(xfails).is_file():
+        raise OptionError(f"xfails file {xfails} does not exist; pass an existing file or drop "
+                          f"--xfails")
+
+
+def prepare_report_dir(path: Path) -> Path:
+    """Create the folder and remove an earlier run's reports from it (first thing in a run,
+    so that even a run refused later leaves no stale report)."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        clear_reports(path)
+    except OSError as e:
+        raise OptionError(f"cannot use report dir {path} ({e.strerror or e}); pass a writable "
+                          f"--report-dir") from None
+    return path
+
+
+def bundle_path(given: str | Path | None) -> Path:
+    if given:
+        return Path(given)
+    from harness.paths import default_bundle_path
+
+    return default_bundle_path()
+
+
+def load_run_bundle(path: Path, drafts: Sequence[str] = ()) -> Any:
+    """The bundle, loaded and hash-verified, with every requested draft in it."""
+    from harness.golden.bundle import BundleError, load_bundle
+
+    try:
+        bundle = load_bundle(path)
+    except BundleError as e:
+        raise OptionError(str(e)) from None
+    for d in drafts:
+        if d not in bundle.draft_names:
+            raise OptionError(f"bundle {path} has no draft {d!r}; choose from "
+                              f"{', '.join(bundle.draft_names)}")
+    return bundle

@@ -1,0 +1,47 @@
+"""Known-nonconformance files: one line per check id glob with its reason, turned into strict
+xfails (when the engine is fixed, the run says so). The default file of an engine is
+suites/xfails/<engine>.txt; an adapter outside the package passes its own with --xfails.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class XfailRule:
+    """One line of an xfails file: `<check id glob>  # reason`. Only * and ? are wildcards,
+    so the brackets of parametrized ids match literally."""
+
+    pattern: str
+    reason: str
+    where: str
+
+    def matches(self, *ids: str) -> bool:
+        rx = "".join(".*" if c == "*" else "." if c == "?" else re.escape(c) for c in self.pattern)
+        return any(re.fullmatch(rx, i) for i in ids)
+
+
+def read_xfails(path: Path) -> list[XfailRule]:
+    if not path.is_file():
+        return []
+    rules = []
+    for n, raw in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        pattern, _, reason = raw.partition("#")
+        if pattern.strip():
+            rules.append(XfailRule(pattern.strip(), reason.strip() or "known nonconformance",
+                                   f"{path}:{n}"))
+    return rules
+
+
+def xfails_file_name(engine: str) -> str:
+    return re.sub(r"[^\w.-]", "_", engine) + ".txt"
+
+
+def check_id(nodeid: str) -> str:
+    """The id in reports and xfails files: file name :: test[params], the same whatever
+    folder pytest was started from."""
+    path, sep, rest = nodeid.partition("::")
+    return f"{Path(path).name}{sep}{rest}"

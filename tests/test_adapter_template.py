@@ -1,0 +1,81 @@
+"""The adapter template of docs/ADAPTERS.md is a real adapter: the suite's own machinery loads
+it by dotted path and runs the capture, fc and config checks on the committed bundle; its
+outside-the-package convention reaches the report and the diagnosis; the code the doc quotes
+is the template's, verbatim."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from examples.template_adapter import TEMPLATE_CONVENTION, TemplateEngine
+from harness.assertions import ConformanceFailure, assert_capture_matches
+from harness.boundaries import CONVENTIONS, Convention
+from harness.engines.base import EngineOptions
+from harness.golden.bundle import load_bundle
+from harness.golden.oracle import Oracle
+from harness.paths import default_bundle_path
+
+ROOT = Path(__file__).resolve().parents[1]
+TEMPLATE = ROOT / "examples" / "template_adapter.py"
+CHECKS = "draft_config or capture_pinned or fc_output"
+
+
+def test_the_suite_runs_the_template_by_dotted_path(tmp_path: Path) -> None:
+    out = tmp_path / "report"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run([sys.executable, "-m", "pytest", "suites", "-q", "-p", "no:cacheprovider",
+                           "--engine", "examples.template_adapter:TemplateEngine", "-k", CHECKS,
+                           "--report-dir", str(out)], cwd=ROOT, env=env, capture_output=True,
+                          text=True, check=False, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    report = json.loads((out / "report.json").read_text())
+    bundle = load_bundle(default_bundle_path(), verify_hashes=False)
+    assert report["summary"]["verdict"] == "conformant"
+    assert report["summary"]["passed"] == 3 * len(bundle.draft_names)
+    assert report["engine"]["convention"] == TEMPLATE_CONVENTION.name not in CONVENTIONS
+    assert {d: i["boundaries"] for d, i in report["engine"]["info"].items()} == {
+        d: list(bundle.draft(d).boundaries) for d in bundle.draft_names}
+
+
+class OffByOne(TemplateEngine):
+    """The template with the rule of an engine that reads id k as boundary k."""
+
+    convention = Convention(name="reads-id-as-boundary", description="b = id", offset=0)
+
+
+def test_a_wrong_rule_fails_with_the_fix_in_the_adapters_own_convention() -> None:
+    oracle = Oracle(load_bundle(default_bundle_path(), verify_hashes=False))
+    draft = "specforge-default"
+    engine = OffByOne(oracle.bundle.target_dir, oracle.bundle.draft_dir(draft), EngineOptions())
+    try:
+        prompts = oracle.pinned_prompts[:3]
+        capture = engine.capture(prompts)
+    finally:
+        engine.close()
+    spec = oracle.spec(draft)
+    with pytest.raises(ConformanceFailure) as failed:
+        assert_capture_matches(features=capture.features, golden=[oracle.features(p) for p in prompts],
+                               training_boundaries=spec.boundaries, dtype="float32",
+                               engine_name="OffByOne", engine_convention=OffByOne.convention,
+                               config_ids=spec.layer_ids, draft=draft, prompts=prompts,
+                               check="test_capture_pinned_prompts")
+    (diag,) = failed.value.diagnoses
+    assert diag.kind == "offset" and diag.offset == -1
+    assert diag.suggested_layer_ids == list(spec.boundaries)  # b = id: the ids are the boundaries
+    assert "for reads-id-as-boundary" in diag.message
+
+
+def test_the_doc_quotes_the_template_verbatim() -> None:
+    doc = (ROOT / "docs" / "ADAPTERS.md").read_text()
+    source = TEMPLATE.read_text()
+    quoted = re.findall(r"```python\n# examples/template_adapter.py\n(.*?)```", doc, re.S)
+    assert len(quoted) >= 3, "ADAPTERS.md quotes the template in blocks headed '# examples/template_adapter.py'"
+    for block in quoted:
+        assert block in source, f"ADAPTERS.md quotes code the template does not have:\n{block}"

@@ -1,0 +1,52 @@
+"""The layering the house rules promise, checked on the import statements themselves (lazy
+imports inside functions included): engines and models never reach up into the diagnosis,
+the assertions or the plugin; the diagnosis decides nothing (imports no assertion helper);
+the tolerance table and the diagnosis record import no torch."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+HARNESS = Path(__file__).resolve().parents[1] / "harness"
+
+
+def imports(path: Path) -> set[str]:
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            out.add(node.module)
+    return out
+
+
+UPPER = ("harness.diagnose", "harness.diagnosis", "harness.assertions", "harness.acceptance", "harness.plugin",
+         "harness.cli", "harness.report")
+RULES = [
+    ("engines/*.py", UPPER),
+    ("models/*.py", UPPER + ("harness.engines", "harness.golden")),
+    ("golden/*.py", UPPER),
+    ("diagnosis/*.py", ("harness.assertions", "harness.acceptance", "harness.plugin",
+                        "harness.engines")),
+    ("tolerances.py", ("torch", "harness")),
+    ("diagnosis/record.py", ("torch",)),
+    ("diagnosis/crash.py", ("torch",)),
+]
+
+
+@pytest.mark.parametrize(("pattern", "forbidden"), RULES, ids=[r[0] for r in RULES])
+def test_no_module_reaches_up(pattern: str, forbidden: tuple[str, ...]) -> None:
+    files = sorted(HARNESS.glob(pattern))
+    assert files, f"no module matches {pattern}"
+    bad = {f.relative_to(HARNESS).as_posix(): sorted(m for m in imports(f)
+                                                    if any(m == x or m.startswith(x + ".")
+                                                           for x in forbidden))
+           for f in files}
+    assert not {k: v for k, v in bad.items() if v}
+
+
+def test_the_old_diagnose_module_is_gone() -> None:
+    assert not (HARNESS / "diagnose.py").exists()
