@@ -24,6 +24,7 @@ from harness.diagnosis.fingerprint import nearest_labels, relative_errors
 from harness.diagnosis.record import Diagnosis
 from harness.diagnosis.throughput import throughput_diagnosis
 from harness.engines.base import Capability, Engine
+from harness.finite import assert_finite
 from harness.golden.features import TargetFeatures
 from harness.report import ConformanceFailure
 from harness.throughput import SpeedupFinding
@@ -131,6 +132,7 @@ def assert_capture_matches(*, features: Sequence[torch.Tensor], golden: Sequence
     """The engine handed the draft, slot by slot and token by token, what training used.
     `margins`: per prompt, the oracle's fp32 routing margins [N+1, T]; without them no token
     is excused as a routing near-tie."""
+    assert_finite("the aux features the engine handed the draft", features)
     hidden = golden[0].boundaries.shape[-1]
     expected_width = len(training_boundaries) * hidden
     widths = {int(x.shape[-1]) for x in features}

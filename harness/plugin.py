@@ -197,17 +197,23 @@ def engine(pytestconfig: pytest.Config, engine_class: type, engine_options: Any,
     when the checks move to the next draft (or at session end)."""
     from dataclasses import replace
 
+    from harness import timeouts
     from harness.engines.base import EngineUnavailable
 
     state = _state(pytestconfig)
     options = replace(engine_options,
                       training_convention=getattr(bundle.draft(draft_name), "convention", None))
+    if state.hung:
+        pytest.skip(state.hung)
+    budget = timeouts.CallBudget(scale=pytestconfig.getoption("engine_timeout_scale"))
     try:
-        instance = engine_class(bundle.target_dir, bundle.draft_dir(draft_name), options)
-    except EngineUnavailable as e:
+        instance = timeouts.start_engine(
+            lambda: engine_class(bundle.target_dir, bundle.draft_dir(draft_name), options), budget)
+    except (EngineUnavailable, timeouts.EngineHang) as e:
         state.engine_problem = f"engine {state.engine_name} unavailable: {e}"
         report.engine_unavailable = state.engine_problem
         pytest.skip(state.engine_problem)
+    timeouts.BoundedCalls(instance, budget, on_hang=lambda why: setattr(state, "hung", why))
     report.engine_constructions[draft_name] = report.engine_constructions.get(draft_name, 0) + 1
     if report.engine_version is None:
         try:
@@ -221,7 +227,11 @@ def engine(pytestconfig: pytest.Config, engine_class: type, engine_options: Any,
             state.engine_info[draft_name] = dict(instance.info())
         except Exception as e:  # what the engine says about itself must not cost the run
             state.engine_info[draft_name] = {"error": f"{type(e).__name__}: {e}"}
-        instance.close()
+        try:  # a hung engine may not close either; the session goes on without it
+            timeouts.call_with_deadline(instance.close, (), budget.base_s if budget.enabled else None,
+                                        "close")
+        except timeouts.EngineHang:
+            pass
 
 
 # -- outcomes --------------------------------------------------------------------------------
@@ -328,7 +338,10 @@ def _interrupted(session: pytest.Session, exitstatus: int) -> str | None:
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     state = _state(session.config)
     partial = state.junit_tmp
-    bad_input = exitstatus in (pytest.ExitCode.USAGE_ERROR, pytest.ExitCode.INTERNAL_ERROR)
+    # no verdict: bad input, a suite bug, no check selected, or Ctrl-C (a partial run
+    # certifies nothing, so it leaves no report either)
+    bad_input = exitstatus in (pytest.ExitCode.USAGE_ERROR, pytest.ExitCode.INTERNAL_ERROR,
+                               pytest.ExitCode.NO_TESTS_COLLECTED, pytest.ExitCode.INTERRUPTED)
     if bad_input or not (state.conformance_run or state.report_dir):
         if partial is not None:
             partial.unlink(missing_ok=True)

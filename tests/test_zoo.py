@@ -26,6 +26,7 @@ from harness.golden.bundle import BundleError, load_bundle
 from harness.golden.draft_factory import FORMATS, DraftFactory
 from harness.paths import default_bundle_path
 from harness.registry import known_names, resolve_engine
+from harness.timeouts import EngineHang, call_with_deadline
 
 HOOKS = ("capture_boundaries", "take_state", "combine", "project", "draft_step_hidden",
          "map_draft_ids", "rollback", "layer_is_moe")
@@ -33,6 +34,9 @@ HOOKS = ("capture_boundaries", "take_state", "combine", "project", "draft_step_h
 ISSUE = re.compile(r"([\w.-]+/[\w.-]+#\d+|PR #\d+)")
 NEW_TOKENS = 24
 NUM_PROMPTS = 3
+# the reference's capture of 3 prompts takes well under a second, even on a loaded machine; a
+# mutant whose capture never returns is observed to differ (zoo:capture_hangs)
+HANG_S = 15.0
 
 
 @pytest.mark.parametrize("key", sorted(MUTANTS))
@@ -100,6 +104,7 @@ class _Observed:
     def __init__(self, cls: type[ReferenceEngine], draft: str) -> None:
         self.cls, self.draft = cls, draft
         self.error: str | None = None
+        self.hung: str | None = None
         self._capture: Any = None
         self._generation: Any = None
 
@@ -107,8 +112,11 @@ class _Observed:
         engine = _engine(self.cls, self.draft)
         try:
             if what == "capture":
-                return engine.capture(_prompts())
+                return call_with_deadline(engine.capture, (_prompts(),), HANG_S, "capture")
             return engine.generate(_prompts(), NEW_TOKENS, speculative=True)
+        except EngineHang as e:  # observable: the reference returns on the same call
+            self.error = self.hung = str(e)
+            return None
         except RuntimeError as e:
             self.error = str(e).splitlines()[0][:120]
             return None
@@ -141,7 +149,7 @@ def _same(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
 def _capture_differs(key: str, draft: str) -> bool:
     ref, got = _observed(ReferenceEngine, draft), _observed(MUTANTS[key], draft)
     if got.capture is None:
-        return False  # crashed: nothing the suite could diagnose from
+        return got.hung is not None  # hung: differs; crashed: nothing the suite could diagnose
     return not (_same(got.capture.features, ref.capture.features)
                 and _same(got.capture.fc_out, ref.capture.fc_out))
 
