@@ -30,9 +30,10 @@ from harness.report import ConformanceFailure
 from harness.throughput import SpeedupFinding
 from harness.tolerances import tolerance_for, tolerance_text
 
-__all__ = ["ConformanceFailure", "FcVerdict", "assert_capture_matches", "assert_fc_matches",
-           "assert_speedup_consistent", "crash_failure", "divergence", "fail", "failure", "judge_fc",
-           "require", "worst_tokens"]
+__all__ = ["ConformanceFailure", "FcVerdict", "assert_capture_matches",
+           "assert_capture_matches_oracle", "assert_convention_as_declared", "assert_fc_matches",
+           "assert_fix_holds", "assert_speedup_consistent", "crash_failure", "divergence", "fail",
+           "failure", "judge_fc", "require", "worst_tokens"]
 
 
 def require(engine: Engine, capability: Capability) -> None:
@@ -156,6 +157,18 @@ def assert_capture_matches(*, features: Sequence[torch.Tensor], golden: Sequence
     return diag
 
 
+def assert_capture_matches_oracle(*, features: Sequence[torch.Tensor], oracle,
+                                  prompts: Sequence[Sequence[int]], dtype: str,
+                                  **judged) -> Diagnosis:
+    """assert_capture_matches with the golden features and (reduced precision only) routing
+    margins of `prompts` from `oracle` (harness.golden.oracle.Oracle); `judged`: the rest of
+    assert_capture_matches' arguments."""
+    return assert_capture_matches(
+        features=features, golden=[oracle.features(p) for p in prompts], dtype=dtype,
+        prompts=prompts, margins=[oracle.routing_margins(p) for p in prompts]
+        if dtype != "float32" else None, **judged)
+
+
 def worst_tokens(features: Sequence[torch.Tensor], golden: Sequence[torch.Tensor],
                  rtol: float) -> tuple[int, int, float]:
     """(bad tokens, total tokens, worst relative error): judged per token, because a bug that
@@ -249,3 +262,29 @@ def assert_speedup_consistent(finding: SpeedupFinding, *, engine_name: str, draf
                                 dominant_share=finding.dominant_share)
     fail(diag.message, draft=draft, engine_name=engine_name, prompts=prompts, diagnoses=[diag],
          check=check)
+
+
+def assert_convention_as_declared(declared: str, layout: str, observations: Sequence,
+                                  diagnoses: Sequence[Diagnosis] = ()) -> None:
+    """The engine read every id list served in `layout` the way the convention it declares (or,
+    for an engine that honours training, the convention it was told) says. `observations`:
+    harness.observed_convention.Observation; `diagnoses`: the capture diagnoses of the lists
+    that differed from that prediction."""
+    from harness.observed_convention import disagreements, infer_layout
+
+    wrong = disagreements(declared, observations)
+    if wrong:
+        seen = infer_layout(observations)
+        raise ConformanceFailure(
+            f"{layout} configs: the engine does not apply the layer-id rule {declared} states "
+            f"on {len(wrong)} of {len(observations)} list(s): {'; '.join(wrong)}. Observed rule: "
+            f"{seen['rule']}, slots in {seen['slot_order']}. " + " ".join(
+                d.message for d in diagnoses if d.kind != "ok")[:2000], list(diagnoses))
+
+
+def assert_fix_holds(result: str, holds: bool, diagnoses: Sequence[Diagnosis] = ()) -> None:
+    """A suggested id list, re-served, made the engine capture the training boundaries (or a
+    "no id list fixes this" claim survived the literal ids); `result` words it either way
+    (harness.observed_convention.fix_result)."""
+    if not holds:
+        raise ConformanceFailure(result, list(diagnoses))

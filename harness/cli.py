@@ -208,9 +208,13 @@ def cmd_selftest(a: argparse.Namespace, extra: Sequence[str]) -> int:
             diags = report.get("diagnoses", [])
             match = next((d for d in diags if d.get("kind") == expected), None)
             failed = [c["id"] for c in report["checks"] if c["status"] in ("failed", "error", "xfail")]
-            # a check must have failed: a mutant that merely could not run is not caught
+            # a check must have failed: a mutant that merely could not run is not caught; a
+            # mutant naming the check that must catch it (`caught_by`) needs that one to fail
+            caught_by = _mutant_field(entry, name, "caught_by")
             result.update(
-                caught=report["summary"]["verdict"] == "nonconformant" and bool(failed),
+                caught=report["summary"]["verdict"] == "nonconformant"
+                and any(caught_by is None or c.startswith(caught_by) for c in failed),
+                caught_by=caught_by,
                 diagnosis_correct=match is not None,
                 failed_checks=failed,
                 diagnosis_kinds=sorted({str(d.get("kind")) for d in diags}),

@@ -38,7 +38,8 @@ from harness.report import ReportCollector, verdict_line, write_reports
 from harness.session import State
 from harness.xfails import XfailRule, check_id, read_xfails, xfails_file_name
 
-PLUGIN_FIXTURES = frozenset({"bundle", "draft_name", "engine", "engine_class", "report"})
+PLUGIN_FIXTURES = frozenset({"bundle", "draft_name", "engine", "engine_class", "engine_options",
+                             "report"})
 JUNIT_PARTIAL = ".junit.xml.partial"
 
 
@@ -180,23 +181,34 @@ def engine_class(pytestconfig: pytest.Config) -> type:
 
 
 @pytest.fixture(scope="session")
-def engine(pytestconfig: pytest.Config, engine_class: type, bundle: Any, draft_name: str,
-           report: ReportCollector) -> Any:
-    """The engine serving the bundle's target with this draft: built once per draft, closed
-    when the checks move to the next draft (or at session end)."""
-    from harness import timeouts
-    from harness.engines.base import EngineOptions, EngineUnavailable
+def engine_options(pytestconfig: pytest.Config, engine_class: type) -> Any:
+    """The run's EngineOptions (no training convention: that is the draft's). Under
+    pytest-xdist, plain `--device cuda` puts worker gwN on cuda:(N mod GPUs)."""
+    from harness.engines.base import EngineOptions
 
-    state = _state(pytestconfig)
     device = pytestconfig.getoption("device")
     if device == "cuda" and distributed.is_worker(pytestconfig):
         import torch
 
         device = distributed.worker_device(device, distributed.worker_index(pytestconfig),
                                            torch.cuda.device_count())
-    options = EngineOptions(dtype=state.dtype() or "float32", device=device,
-                            num_draft_tokens=pytestconfig.getoption("num_draft_tokens"),
-                            training_convention=getattr(bundle.draft(draft_name), "convention", None))
+    return EngineOptions(dtype=_state(pytestconfig).dtype() or "float32", device=device,
+                         num_draft_tokens=pytestconfig.getoption("num_draft_tokens"))
+
+
+@pytest.fixture(scope="session")
+def engine(pytestconfig: pytest.Config, engine_class: type, engine_options: Any, bundle: Any,
+           draft_name: str, report: ReportCollector) -> Any:
+    """The engine serving the bundle's target with this draft: built once per draft, closed
+    when the checks move to the next draft (or at session end)."""
+    from dataclasses import replace
+
+    from harness import timeouts
+    from harness.engines.base import EngineUnavailable
+
+    state = _state(pytestconfig)
+    options = replace(engine_options,
+                      training_convention=getattr(bundle.draft(draft_name), "convention", None))
     if state.hung:
         pytest.skip(state.hung)
     budget = timeouts.CallBudget(scale=pytestconfig.getoption("engine_timeout_scale"))

@@ -125,6 +125,10 @@ class ReportCollector:
         self.engine_version: str | None = None
         self.engine_unavailable: str | None = None
         self.engine_constructions: dict[str, int] = {}
+        # the layer-id check's evidence: one observation per (layout, ids, told convention)
+        # served, and each suggested fix re-served (see harness.observed_convention)
+        self.observations: dict[tuple[Any, ...], dict[str, Any]] = {}
+        self.fixes: dict[str, dict[str, Any]] = {}
 
     # -- for checks -----------------------------------------------------------------------
 
@@ -139,6 +143,17 @@ class ReportCollector:
         if key is None:
             raise ValueError("no check is running; pass the check id explicitly")
         self.check(key, key).add_diagnosis(diagnosis)
+
+    def observe(self, observation: Any) -> None:
+        """Record one draft config served (a harness.observed_convention.Observation); the
+        first observation of a (layout, ids, told) stays, later prompts add nothing."""
+        data = diagnosis_json(observation)
+        key = (data["layout"], tuple(data["ids"]), data.get("told"))
+        self.observations.setdefault(key, data)
+
+    def fix(self, draft: str, entry: dict[str, Any]) -> None:
+        """Record what re-serving a draft with its suggested ids showed (one entry per draft)."""
+        self.fixes[str(draft)] = {"draft": str(draft), **jsonable(entry)}
 
     # -- for the plugin -------------------------------------------------------------------
 
@@ -184,12 +199,21 @@ class ReportCollector:
             "metrics": top,
             "metrics_by_draft": by_draft,
             "diagnoses": flat,
+            "observed_convention": self._observed_convention(),
             "environment": environment(),
             "started": _iso(started),
             "duration_s": round(finished - started, 3),
         }
         report.update(extra or {})
         return jsonable(report)
+
+
+    def _observed_convention(self) -> dict[str, Any]:
+        """Always present (a stable key): empty layouts where the layer-id check did not run."""
+        from harness.observed_convention import Observation, infer
+
+        return infer([Observation.from_json(o) for o in self.observations.values()],
+                     [self.fixes[d] for d in sorted(self.fixes)])
 
 
 def summarize(checks: Sequence[dict[str, Any]], *, interrupted: str | None = None,
@@ -360,6 +384,7 @@ def render_markdown(report: dict[str, Any]) -> str:
     if rows:
         out += ["", "## Metrics", "", "| draft | metric | value |", "|---|---|---|"]
         out += [f"| {_md_cell(d)} | {_md_cell(k)} | {_md_cell(v)} |" for d, k, v in rows]
+    out += _observed_markdown(report.get("observed_convention"), "##")
     bad = [c for c in report["checks"] if c["status"] in ("failed", "error", "xfail")]
     if bad:
         out += ["", "## Failures and diagnoses"]
@@ -372,6 +397,35 @@ def render_markdown(report: dict[str, Any]) -> str:
                 if fix is not None:
                     out.append(f"  - suggested layer ids: `{fix}`")
     return "\n".join(out) + "\n"
+
+
+def _observed_markdown(observed: dict[str, Any] | None, level: str) -> list[str]:
+    """The observed layer-id convention, per layout: rule, order, crashes, trainers served,
+    the lists behind it, and each suggested fix re-served."""
+    from harness.observed_convention import summary_line
+
+    if not observed or not (observed.get("layouts") or observed.get("fixes")):
+        return []
+    out = ["", f"{level} Observed layer-id convention", "",
+           "Measured by `test_layer_ids.py` from every draft config it served (ids drawn by "
+           "Hypothesis, probes, suggested fixes).", ""]
+    for layout, entry in observed.get("layouts", {}).items():
+        out.append(f"- **{_md_cell(layout)}**: {_md_cell(summary_line(entry))}")
+        for trainer, verdict in entry.get("trainers", {}).items():
+            serves = (entry.get("serves") or {}).get(trainer, "")
+            out.append(f"  - {trainer} drafts served as trained: {_md_cell(serves)}; measured: "
+                       f"{_md_cell(verdict['verdict'])}")
+        lists = "; ".join(f"{c['ids']} -> {c['slots'] if c['crash'] is None else 'crash'}"
+                          for c in entry.get("lists", []))
+        out.append(f"  - lists served (ids -> slots): {_md_cell(lists)}")
+    fixes = observed.get("fixes") or []
+    if fixes:
+        out += ["", "Each bundle draft's diagnosis re-served with the ids it suggests (or, where it says no "
+                "id list works, the literal ids):", "",
+                "| draft | ids re-served | layout | result |", "|---|---|---|---|"]
+        out += [f"| {_md_cell(f['draft'])} | {_md_cell(f.get('ids'))} | {_md_cell(f.get('layout') or '—')} | "
+                f"{_md_cell(f['result'])} |" for f in fixes]
+    return out
 
 
 _CSS = """
@@ -407,6 +461,9 @@ def render_html(report: dict[str, Any]) -> str:
     metrics_table = (f"<h2>Metrics</h2><table><tr><th>draft</th><th>metric</th><th>value</th></tr>"
                      f"{metrics}</table>") if metrics else ""
     unavailable = f"<p>Engine unavailable: {esc(e['unavailable'])}</p>" if e.get("unavailable") else ""
+    observed = _observed_markdown(report.get("observed_convention"), "##")
+    observed_html = (f"<h2>Observed layer-id convention</h2><pre>{esc(chr(10).join(observed[2:]))}</pre>"
+                     if observed else "")
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8">
 <title>EAGLE-3 conformance: {esc(e['name'])}</title><style>{_CSS}</style></head><body>
@@ -422,13 +479,31 @@ def render_html(report: dict[str, Any]) -> str:
 <h2>Checks</h2>
 <table><tr><th>check</th><th>draft</th><th>result</th><th>diagnosis / reason</th></tr>
 {''.join(rows)}
-</table>{metrics_table}
+</table>{metrics_table}{observed_html}
 </body></html>
 """
 
 
 def _device(report: dict[str, Any]) -> str:
     return str((report.get("options") or {}).get("device") or "cpu")
+
+
+def observed_conventions_markdown(reports: Sequence[dict[str, Any]]) -> list[str]:
+    """docs/CONFORMANCE.md's "Observed layer-id conventions": each engine's measured rule per
+    config layout, from the reports whose run included the layer-id check."""
+    measured = [r for r in reports if (r.get("observed_convention") or {}).get("layouts")]
+    if not measured:
+        return []
+    out = ["", "## Observed layer-id conventions", "",
+           "What each engine did with the layer ids of every draft config `test_layer_ids.py` "
+           "served it (Hypothesis-drawn lists, probes, the bundle drafts' suggested fixes), per "
+           "config layout: `specforge-nested` = `eagle_config.eagle_aux_hidden_state_layer_ids`, "
+           "`speculators-top-level` = top-level ids with `speculators_model_type`."]
+    for r in measured:
+        out += ["", f"### {r['engine'].get('name')} {r['engine'].get('version') or ''} "
+                    f"({_device(r)}, {r.get('dtype')})"]
+        out += _observed_markdown(r["observed_convention"], "####")[4:]
+    return out
 
 
 KEPT_BEGIN = "<!-- kept:"
@@ -474,6 +549,7 @@ def render_conformance_table(report_jsons: Sequence[Path]) -> str:
         out.append(f"| {_md_cell(r['engine'].get('name'))} | {_md_cell(r['engine'].get('version'))} | "
                    f"{_md_cell(_device(r))} | {_md_cell(r.get('dtype'))} | {s['verdict']} | "
                    f"{s['passed']} | {s['failed']} | {s['skipped']} | {s.get('xfailed', 0)} |")
+    out += observed_conventions_markdown(reports)
     for r in reports:
         e, b = r["engine"], r.get("bundle") or {}
         metrics = r.get("metrics") or {}

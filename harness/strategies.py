@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from hypothesis import assume
 from hypothesis import strategies as st
 
+from harness.boundaries import Convention
+
 SPECIAL_TOKENS = 3  # BOS, EOS, PAD: never inside a drawn prompt body
 
 
@@ -55,10 +57,12 @@ def batch_shapes(draw: st.DrawFn, max_batch: int = 8, max_len: int = 32) -> Batc
     return BatchShape(size, position, lengths)
 
 
-def layer_id_configs(convention: str, num_layers: int) -> st.SearchStrategy[tuple[int, ...]]:
-    """1..4 distinct ids valid under `convention`, in any order the convention accepts,
-    drawn through the boundary model so the embedding and final boundary appear whenever
-    the convention can express them."""
+def layer_id_configs(convention: str | Convention, num_layers: int,
+                     max_ids: int = 4) -> st.SearchStrategy[tuple[int, ...]]:
+    """1..max_ids distinct ids valid under `convention` (a name or a Convention), in any order
+    the convention accepts, drawn through the boundary model so the embedding and final
+    boundary appear whenever the convention can express them. Boundaries are sampled in
+    ascending order, so a failure shrinks towards one id naming the lowest boundary."""
     from harness.boundaries import LayerIdError, boundaries_to_ids, get_convention
 
     conv = get_convention(convention)
@@ -66,7 +70,8 @@ def layer_id_configs(convention: str, num_layers: int) -> st.SearchStrategy[tupl
 
     @st.composite
     def ids(draw: st.DrawFn) -> tuple[int, ...]:
-        chosen = draw(st.lists(st.sampled_from(capturable), min_size=1, max_size=min(4, len(capturable)),
+        chosen = draw(st.lists(st.sampled_from(capturable), min_size=1,
+                               max_size=min(max_ids, len(capturable)),
                                unique=True))
         if conv.sorts_ids:
             chosen = sorted(chosen)
@@ -78,3 +83,29 @@ def layer_id_configs(convention: str, num_layers: int) -> st.SearchStrategy[tupl
             raise
 
     return ids()
+
+
+@st.composite
+def invalid_layer_id_configs(draw: st.DrawFn, convention: str | Convention,
+                             num_layers: int) -> tuple[int, ...]:
+    """Id lists no engine serves as written: a valid list with one id repeated, or with an id
+    past the last boundary or below the lowest id the convention knows, inserted anywhere.
+    The config lint must reject every one of them."""
+    from harness.boundaries import get_convention
+
+    conv = get_convention(convention)
+    ids = list(draw(layer_id_configs(conv, num_layers, max_ids=3)))
+    lowest = conv.embedding_id if conv.embedding_id is not None else 0
+    top = num_layers - conv.offset
+    bad = draw(st.one_of(st.sampled_from(ids),  # a duplicate
+                         st.integers(top + 1, top + 8),  # past the final boundary
+                         st.integers(lowest - 8, lowest - 1)))  # below the first id
+    at = draw(st.integers(0, len(ids)))
+    return tuple(ids[:at] + [bad] + ids[at:])
+
+
+
+def pinned_prompt_rows(num_pinned: int, max_size: int = 3) -> st.SearchStrategy[list[int]]:
+    """1..max_size distinct rows of the pinned prompt set: for checks that serve a new engine
+    per example and capture every pinned prompt at once, so any rows are free to draw."""
+    return st.lists(st.integers(0, num_pinned - 1), min_size=1, max_size=max_size, unique=True)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from harness.assertions import assert_capture_matches, require
+from harness.assertions import assert_capture_matches_oracle, require
 from harness.engines.base import Capability, Engine
 from harness.golden.bundle import DraftSpec
 from harness.golden.oracle import Oracle
@@ -16,12 +16,10 @@ from harness.strategies import prompts
 def _check(engine: Engine, oracle: Oracle, spec: DraftSpec, draft_name: str,
            batch: list[list[int]], check: str, report=None) -> None:
     capture = engine.capture(batch)
-    diag = assert_capture_matches(
-        features=capture.features, golden=[oracle.features(p) for p in batch],
-        training_boundaries=spec.boundaries, dtype=engine.options.dtype, engine_name=engine.name,
-        engine_convention=engine.convention, config_ids=spec.layer_ids, draft=draft_name,
-        prompts=batch, check=check, margins=[oracle.routing_margins(p) for p in batch]
-        if engine.options.dtype != "float32" else None)
+    diag = assert_capture_matches_oracle(
+        features=capture.features, oracle=oracle, prompts=batch, dtype=engine.options.dtype,
+        training_boundaries=spec.boundaries, engine_name=engine.name,
+        engine_convention=engine.convention, config_ids=spec.layer_ids, draft=draft_name, check=check)
     if report is not None:
         report.metric(draft_name, "capture_worst_rel_error",
                       max((s.rel_error for s in diag.slots), default=0.0))

@@ -163,3 +163,20 @@ def test_selftest_contract_on_two_mutants(tmp_path: Path, capsys: pytest.Capture
         assert row["caught"] and row["diagnosis_correct"] and row["expected_diagnosis_kind"] == kind
         assert row["bug_class"] and row["failed_checks"] and 0 < row["diagnosis_share"] <= 1
         assert cause in row["diagnosis"], row["diagnosis"]
+
+
+def test_selftest_counts_a_drawn_ids_mutant_only_when_the_layer_id_check_fails(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """zoo:slots_sorted is exact on every bundle draft: the fixed-draft capture check passes it,
+    and its `caught_by` makes the selftest call it missed until test_layer_ids.py fails it."""
+    fixed = tmp_path / "fixed"
+    code = cli.main(["selftest", "--report-dir", str(fixed), "--no-control", "--mutant", "slots_sorted",
+                     "--", "-k", "test_capture_pinned_prompts"])
+    row = json.loads((fixed / "selftest.json").read_text())["mutants"][0]
+    assert code == 1 and not row["caught"] and row["caught_by"] == "test_layer_ids.py::"
+    drawn = tmp_path / "drawn"
+    code = cli.main(["selftest", "--report-dir", str(drawn), "--no-control", "--mutant", "slots_sorted",
+                     "--", "-k", "test_observed_convention_as_declared"])
+    row = json.loads((drawn / "selftest.json").read_text())["mutants"][0]
+    assert code == 0 and row["caught"] and row["diagnosis_correct"], capsys.readouterr().out
+    assert all(c.startswith("test_layer_ids.py::") for c in row["failed_checks"])

@@ -23,6 +23,7 @@ from harness.engines.reference import ReferenceEngine
 from harness.engines.speculative import Eagle3Runtime
 from harness.engines.zoo import MUTANTS, Mutant
 from harness.golden.bundle import BundleError, load_bundle
+from harness.golden.draft_factory import FORMATS, DraftFactory
 from harness.paths import default_bundle_path
 from harness.registry import known_names, resolve_engine
 from harness.timeouts import EngineHang, call_with_deadline
@@ -162,6 +163,13 @@ def _proposals_differ(key: str, draft: str) -> bool:
     return got.generation.proposed != ref.generation.proposed
 
 
+BUNDLE_VISIBLE = sorted(k for k, c in MUTANTS.items() if c.observable == "wiring" and not c.caught_by)
+DRAWN_ONLY = sorted(k for k, c in MUTANTS.items() if c.caught_by)
+# Factory drafts outside the bundle's lists: unsorted, first id 1, both layouts, the trainers.
+DRAWN_DRAFTS = [((1, 5, 3), layout, told) for layout in FORMATS
+                for told in ("specforge", "eagle3-original")]
+
+
 WIRING = sorted(k for k, c in MUTANTS.items() if c.observable == "wiring")
 THROUGHPUT = sorted(k for k, c in MUTANTS.items() if c.observable == "throughput")
 
@@ -199,7 +207,7 @@ def test_throughput_mutant_is_lossless_and_slower(key: str) -> None:
         f"{key}: speculative run {got_s:.3f}s vs reference {ref_s:.3f}s, not slowed by ~{factor}x"
 
 
-@pytest.mark.parametrize("key", WIRING)
+@pytest.mark.parametrize("key", BUNDLE_VISIBLE)
 def test_mutant_changes_what_the_draft_sees_or_proposes(key: str) -> None:
     """Some bundle draft exposes the bug in the captured features or fc output (checked on
     every draft first: cheap) or else in the drafted tokens, with the reference as the
@@ -211,6 +219,33 @@ def test_mutant_changes_what_the_draft_sees_or_proposes(key: str) -> None:
         return
     errors = {d: _observed(MUTANTS[key], d).error for d in drafts}
     pytest.fail(f"{key} is a silent no-op on every bundle draft {drafts} (errors: {errors})")
+
+
+@pytest.mark.parametrize("key", DRAWN_ONLY)
+def test_drawn_ids_mutant_is_exact_on_the_bundle_and_wrong_elsewhere(key: str, tmp_path: Path) -> None:
+    """A mutant the selftest demands the layer-id check catch (`caught_by`) must be invisible
+    to the fixed-draft checks (every bundle draft captured exactly as by the reference), or the
+    item proves nothing, and must change the capture of some factory draft."""
+    drafts = _bundle().draft_names
+    assert MUTANTS[key].caught_by == "test_layer_ids.py::"
+    visible = [d for d in drafts if _capture_differs(key, d) or _observed(MUTANTS[key], d).error]
+    assert not visible, f"{key} already shows on bundle drafts {visible}"
+    factory = DraftFactory(_bundle(), tmp_path)
+    differs = []
+    for ids, layout, told in DRAWN_DRAFTS:
+        options = EngineOptions(training_convention=told)
+        captures = []
+        for cls in (ReferenceEngine, MUTANTS[key]):
+            engine = cls(_bundle().target_dir, factory.folder(ids, layout), options)
+            try:
+                captures.append(engine.capture(_prompts()).features)
+            except RuntimeError:  # a crash on the width is a difference too
+                captures.append(None)
+            finally:
+                engine.close()
+        if captures[1] is None or not _same(captures[0], captures[1]):
+            differs.append((ids, layout, told))
+    assert differs, f"{key} captures every drawn draft {DRAWN_DRAFTS} as the reference does"
 
 
 def test_diagnoses_doc_lists_every_kind_and_mutant() -> None:

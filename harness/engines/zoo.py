@@ -17,6 +17,7 @@ Resolved by `harness.registry` as `zoo:<key>` with <key> a key of `MUTANTS`.
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Sequence
@@ -39,6 +40,9 @@ class Mutant(ReferenceEngine):
     expected_diagnosis_kind: ClassVar[str]  # a key of harness.diagnosis.record.KINDS
     hook: ClassVar[str]  # the one Eagle3Runtime hook the mutant overrides
     issue: ClassVar[str]  # the public report(s) of the bug, also cited in the docstring
+    # A check-id prefix: the selftest counts the mutant caught only if a check it names failed
+    # (None: any check). Set for bugs only a particular check can see.
+    caught_by: ClassVar[str | None] = None
     # what the bug changes: "wiring" (what the draft sees or proposes) or "throughput" (only
     # how long speculation takes; tests/test_zoo.py checks each kind its own way)
     observable: ClassVar[str] = "wiring"
@@ -351,6 +355,74 @@ class DraftKvNotRolledBack(Mutant):
         return None
 
 
+# -- bugs only id lists or layouts outside the bundle's drafts show ------------------------------
+# The bundle's drafts are SpecForge-layout (nested ids), ascending, and trained in the SpecForge
+# or "-1 = embedding" conventions; each mutant below is exact on all four of them and is caught
+# only by suites/test_layer_ids.py (`caught_by`, which the selftest demands).
+
+
+class FirstIdShiftRule(Mutant):
+    """SGLang deepseek_v2's rule since sgl-project/sglang PR #25454 (prompted by a Kimi-K2.5
+    acceptance loss): ids get +1 only if the first id is 1 ("output-of-layer" drafts), else
+    b = id. This engine applies it to drafts it claims to read as b = id (the original EAGLE-3
+    convention, vLLM's and llama.cpp's rule): a capture-before draft whose list starts at
+    layer 1, [1, 5, 3], is served [2, 6, 4]. The bundle's drafts are all +1 drafts, read right."""
+
+    name = "zoo:first_id_shift_rule"
+    bug_class = "'+1 only if the first id is 1' (SGLang PR #25454) applied to b = id drafts"
+    expected_diagnosis_kind = "offset"
+    hook = "capture_boundaries"
+    issue = "sgl-project/sglang PR #25454"
+    caught_by = "test_layer_ids.py::"
+
+    def capture_boundaries(self) -> Sequence[int]:
+        trained = self.trained_boundaries()
+        conv = get_convention(self.training_convention)
+        if conv.offset == 0 and self.layer_ids and self.layer_ids[0] == 1:
+            return tuple(min(b + 1, self.num_layers) for b in trained)
+        return trained
+
+
+class TopLevelIdsIgnored(Mutant):
+    """Top-level ids (the speculators layout) dropped: SGLang's model runner reads only the
+    nested `eagle_config.eagle_aux_hidden_state_layer_ids`, inside a bare `except`, so a
+    speculators-format draft gets the model's defaults (2, N//2, N-3) silently (DESIGN.md's
+    SGLang row; the converse of vLLM's V2 runner, which never reads the nested key, and of
+    llama.cpp's converter, ggml-org/llama.cpp PR #27040). The same silent fallback to the
+    defaults cost 1.2% acceptance against 58.9% in vllm-project/vllm PR #50170. The bundle's
+    drafts are all nested, so only a speculators-layout draft shows it."""
+
+    name = "zoo:top_level_ids_ignored"
+    bug_class = "top-level (speculators) ids ignored; the engine captures its defaults (2, N//2, N-3)"
+    expected_diagnosis_kind = "ids_ignored"
+    hook = "capture_boundaries"
+    issue = "vllm-project/vllm PR #50170 (silent fallback); sglang model_runner.py nested key only"
+    caught_by = "test_layer_ids.py::"
+
+    def capture_boundaries(self) -> Sequence[int]:
+        config = json.loads((self.draft_dir / "config.json").read_text())
+        if "eagle_aux_hidden_state_layer_ids" not in (config.get("eagle_config") or {}):
+            return get_convention("sglang").default_boundaries(self.num_layers)
+        return self.trained_boundaries()
+
+
+class SlotsSorted(Mutant):
+    """Slots filled in ascending boundary order, not config order: vLLM stores
+    sorted(set(ids)) (`_set_aux_hidden_state_layers`), SGLang and vLLM deepseek_v2 append
+    inside the layer loop, TensorRT-LLM sorts the ids; SpecForge keeps list order, so a draft
+    trained with [5, 1] fed fc cat(b6, b2) and is served cat(b2, b6). Every bundle list is
+    ascending, so only an unsorted list shows it (cf. zoo:slots_descending, which every
+    bundle draft shows; capture order = layer order: vllm-project/vllm PR #30574)."""
+
+    name = "zoo:slots_sorted"
+    bug_class = "aux slots re-sorted ascending; the config's (unsorted) order lost"
+    expected_diagnosis_kind = "order_permuted"
+    hook = "capture_boundaries"
+    issue = "vllm-project/vllm PR #30574 (capture order = layer order); vLLM sorted(set(ids))"
+    caught_by = "test_layer_ids.py::"
+
+    def capture_boundaries(self) -> Sequence[int]:
+        return tuple(sorted(self.trained_boundaries()))
 # -- throughput: the serving loop around correct wiring -------------------------------------
 
 
@@ -407,6 +479,9 @@ MUTANTS: dict[str, type[Mutant]] = {cls.name.removeprefix("zoo:"): cls for cls i
     DraftKvNotRolledBack,
     MoeCaptureSkipped,
     ServingLoopStall,
+    FirstIdShiftRule,
+    TopLevelIdsIgnored,
+    SlotsSorted,
 )}
 
 

@@ -80,7 +80,9 @@ class DraftConfig:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> DraftConfig:
-        """Read a SpecForge-style (nested `eagle_config`) or speculators-style (top-level) config."""
+        """Read a SpecForge-style (nested `eagle_config`) or speculators-style (top-level ids,
+        the llama fields under `transformer_layer_config`) config."""
+        data = {**(data.get("transformer_layer_config") or {}), **data}
         eagle = data.get("eagle_config") or {}
         ids = eagle.get("eagle_aux_hidden_state_layer_ids", data.get("eagle_aux_hidden_state_layer_ids"))
         if ids is None:

@@ -1,0 +1,363 @@
+"""Layer ids drawn by Hypothesis: every engine's reading of ids, mapped, certified, and every
+suggested fix verified.
+
+The bundle's drafts carry four fixed id lists; an engine that is right on those and misreads
+any other list (SGLang deepseek_v2's "+1 only if the first id is 1", a runner that drops
+top-level ids, slots re-sorted) passes every fixed-draft check. Here the engine serves drafts
+built for drawn ids (`harness.golden.draft_factory`), in both config layouts, and:
+
+- the property: each slot holds the boundary the draft's training convention means, in config
+  order (a reference-like engine is told the convention and may be drawn any trainer's; an
+  engine declaring its own rule claims the drafts trained with that rule, in list order);
+- the probes: a few lists that tell the candidate rules apart, judged against the rule the
+  engine declares; they and every other config served feed the report's observed convention;
+- the fixes: a bundle draft whose capture is diagnosed with suggested ids is re-served with
+  them ("fix verified" / "fix fails: <why>"); where the diagnosis says no id list works, the
+  literal ids are served to show what the engine does instead;
+- the lint: duplicate and out-of-range ids are rejected before any engine runs.
+
+Engines are expensive (a vLLM worker takes ~15 s to start on a CPU), so one engine per
+(layout, ids, told convention) serves every example, probe and fix naming that config.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+import pytest
+from hypothesis import HealthCheck, given, reject, settings
+from hypothesis import strategies as st
+
+from harness.assertions import (
+    ConformanceFailure,
+    assert_capture_matches_oracle,
+    assert_convention_as_declared,
+    assert_fix_holds,
+    require,
+)
+from harness.boundaries import Convention, LayerIdError, get_convention, ids_to_boundaries
+from harness.diagnosis.crash import crash_diagnosis
+from harness.diagnosis.record import Diagnosis
+from harness.engines.base import (
+    Capability,
+    Capture,
+    Engine,
+    EngineCrash,
+    EngineOptions,
+    EngineUnavailable,
+)
+from harness.golden.bundle import Bundle, DraftSpec
+from harness.golden.draft_factory import FORMATS, NESTED, DraftFactory
+from harness.golden.oracle import Oracle
+from harness.lint import lint_draft
+from harness.observed_convention import TRAINERS, Observation, fix_result, literal_ids, trained_as
+from harness.profiles import layer_id_examples, layer_id_startup_budget_s
+from harness.strategies import invalid_layer_id_configs, layer_id_configs, pinned_prompt_rows
+
+# Lists that tell the candidate rules apart: [1, 5, 3] is unsorted (slot order) and starts
+# with 1 (SGLang PR #25454's condition), [4] does not; [-1, 4] only for "-1 = embedding".
+PROBES = ((1, 5, 3), (4,), (-1, 4))
+ID_FIELD = "eagle_aux_hidden_state_layer_ids"
+
+
+@dataclass
+class Served:
+    """One config served on some prompts: the capture diagnosis, or the crash."""
+
+    ids: tuple[int, ...]
+    layout: str
+    diagnosis: Diagnosis | None = None
+    crash: str | None = None
+    failure: ConformanceFailure | None = None
+
+    @property
+    def slots(self) -> list | None:
+        return None if self.diagnosis is None else list(self.diagnosis.engine_boundaries)
+
+
+class ServedDrafts:
+    """Engines for factory drafts, one per config, the last one kept alive and every capture
+    memoised. A config that crashed the engine is not started again: the crash comes from its
+    ids (vLLM's id-0 TypeError is raised at the first capture, whatever the prompt), and a
+    restart per Hypothesis shrink step would cost minutes; the failure says so."""
+
+    def __init__(self, engine_class: type, options: EngineOptions, factory: DraftFactory,
+                 oracle: Oracle, report) -> None:
+        self.engine_class, self.options, self.factory = engine_class, options, factory
+        self.oracle, self.report = oracle, report
+        self.num_layers = oracle.bundle.num_layers
+        self._crashes: dict[tuple, tuple[str, list]] = {}
+        self._captures: dict[tuple, Capture] = {}
+        self._live: tuple[tuple, Engine] | None = None
+        self.budget_s: float | None = None  # start-up seconds left to the running property
+        self.rejected = 0
+
+    def limit(self, seconds: float | None) -> None:
+        """Start-up seconds the next calls may spend on new configs (None: no limit)."""
+        self.budget_s, self.rejected = seconds, 0
+
+    def is_new(self, ids: Sequence[int], layout: str, told: str | None) -> bool:
+        """Never served: serving it needs an engine start (a served config is answered from
+        its pinned-prompt capture or its crash)."""
+        key = (tuple(ids), layout, self.told_key(told))
+        return key not in self._crashes and not any(k == key for k, _ in self._captures)
+
+    def told_key(self, told: str | None) -> str | None:
+        """Only an engine that honours training reads the convention it is told."""
+        return told if self.engine_class.convention is None else None
+
+    def _engine(self, key: tuple) -> Engine:
+        if self._live is not None and self._live[0] == key:
+            return self._live[1]
+        self.close()
+        ids, layout, told = key
+        started = time.monotonic()
+        try:
+            engine = self.engine_class(self.oracle.bundle.target_dir, self.factory.folder(ids, layout),
+                                       replace(self.options, training_convention=told))
+        except EngineUnavailable as e:
+            pytest.skip(f"engine {self.engine_class.name} unavailable: {e}")
+        finally:
+            if self.budget_s is not None:
+                self.budget_s -= time.monotonic() - started
+        self._live = (key, engine)
+        return engine
+
+    def capture(self, ids: Sequence[int], layout: str, told: str | None,
+                batch: Sequence[Sequence[int]]) -> Capture | tuple[str, list]:
+        """The capture, or (crash message, its diagnoses). A batch of pinned prompts is cut from
+        one capture of the whole pinned set, so a config once served never needs its engine
+        again (Hypothesis replays and shrinks without start-ups)."""
+        ids = tuple(ids)
+        key = (ids, layout, self.told_key(told))
+        if key in self._crashes:
+            return self._crashes[key]
+        pinned = [tuple(p) for p in self.oracle.pinned_prompts]
+        wanted = [tuple(p) for p in batch]
+        if all(p in pinned for p in wanted):
+            whole = self.capture(ids, layout, told, pinned) if wanted != pinned else None
+            if whole is not None:
+                if isinstance(whole, tuple):
+                    return whole
+                rows = [pinned.index(p) for p in wanted]
+                return Capture(features=[whole.features[i] for i in rows],
+                               fc_out=None if whole.fc_out is None else [whole.fc_out[i] for i in rows])
+        memo = (key, tuple(wanted))
+        if memo not in self._captures:
+            try:
+                self._captures[memo] = self._engine(key).capture(batch)
+            except (EngineCrash, RuntimeError) as crash:
+                # a RuntimeError is an in-process engine failing on this draft (the reference's
+                # fc on a capture of the wrong width): a crash too, diagnosed from its text
+                first = (str(crash).strip().splitlines() or ["engine failure"])[0]
+                if not isinstance(crash, EngineCrash):
+                    first = f"{type(crash).__name__}: {first}"
+                self._crashes[key] = (first, [crash_diagnosis(str(crash), ids,
+                                                              self.oracle.bundle.hidden_size)])
+                self.close()
+                return self._crashes[key]
+        return self._captures[memo]
+
+    def serve(self, ids: Sequence[int], layout: str, told: str | None, trained: Sequence[int],
+              batch: Sequence[Sequence[int]], check: str) -> Served:
+        """Serve, judge against `trained` (assert_capture_matches), record the observation."""
+        ids = tuple(int(i) for i in ids)
+        out = self.capture(ids, layout, told, batch)
+        obs = dict(layout=layout, ids=ids, num_layers=self.num_layers, told=self.told_key(told))
+        if isinstance(out, tuple):
+            message, diagnoses = out
+            self.report.observe(Observation(crash=message, **obs))
+            return Served(ids, layout, crash=message, failure=ConformanceFailure(
+                f"ids {list(ids)} ({layout} config) crashed the engine: {message} (a config that "
+                f"crashed is not restarted for other prompts)", diagnoses))
+        try:
+            diag = assert_capture_matches_oracle(
+                features=out.features, oracle=self.oracle, prompts=batch, dtype=self.options.dtype,
+                training_boundaries=list(trained), engine_name=self.engine_class.name,
+                engine_convention=self.engine_class.convention, config_ids=ids,
+                draft=f"ids {list(ids)} ({layout})", check=check)
+            failure = None
+        except ConformanceFailure as f:
+            diag, failure = f.diagnoses[0], f
+        self.report.observe(Observation(slots=tuple(diag.engine_boundaries), **obs))
+        return Served(ids, layout, diagnosis=diag, failure=failure)
+
+    def check(self, *args, **kwargs) -> Diagnosis:
+        served = self.serve(*args, **kwargs)
+        if served.failure is not None:
+            raise served.failure
+        assert served.diagnosis is not None
+        return served.diagnosis
+
+    def close(self) -> None:
+        if self._live is not None:
+            self._live[1].close()
+            self._live = None
+
+
+@pytest.fixture(scope="session")
+def draft_factory(bundle: Bundle, tmp_path_factory: pytest.TempPathFactory) -> DraftFactory:
+    return DraftFactory(bundle, tmp_path_factory.mktemp("layer-id-drafts"))
+
+
+@pytest.fixture(scope="session")
+def served(engine_class: type, engine_options: EngineOptions, draft_factory: DraftFactory,
+           oracle: Oracle, report) -> ServedDrafts:
+    drafts = ServedDrafts(engine_class, engine_options, draft_factory, oracle, report)
+    yield drafts
+    drafts.close()
+
+
+def told_conventions(engine_class: type) -> dict[str, Convention]:
+    """Whom the engine claims to serve: every trainer for an engine that is told the training
+    convention; else the trainer its own rule describes (`trained_as`)."""
+    if engine_class.convention is None:
+        return {name: get_convention(name) for name in TRAINERS}
+    conv = trained_as(engine_class.convention)
+    return {conv.name: conv}
+
+
+_SLOW = [HealthCheck.too_slow, HealthCheck.filter_too_much]
+
+
+@pytest.fixture
+def budgeted(served: ServedDrafts, report, request: pytest.FixtureRequest) -> ServedDrafts:
+    """`served` with this test's start-up budget (harness.profiles.LAYER_ID_STARTUP_BUDGET_S);
+    how many drawn examples it turned away lands in the report."""
+    served.limit(layer_id_startup_budget_s())
+    yield served
+    if served.rejected:
+        report.metric("layer-ids", f"{request.node.name}: examples past the start-up budget",
+                      served.rejected)
+    served.limit(None)
+
+
+def test_suggested_fix_verified(engine: Engine, oracle: Oracle, spec: DraftSpec, draft_name: str,
+                                served: ServedDrafts, report) -> None:
+    """A bundle draft whose capture is diagnosed with suggested ids is re-served with them and
+    must capture exactly its training boundaries (for ids_ignored: in the other layout too).
+    Where the diagnosis says no id list works, the literal ids are served and must not work;
+    the report words what the engine did with them."""
+    require(engine, Capability.CAPTURE)
+    batch, n = oracle.pinned_prompts, served.num_layers
+    check = f"test_suggested_fix_verified[{draft_name}]"
+    try:
+        capture = engine.capture(batch)
+        diag = assert_capture_matches_oracle(
+            features=capture.features, oracle=oracle, prompts=batch, dtype=engine.options.dtype,
+            training_boundaries=spec.boundaries, engine_name=engine.name,
+            engine_convention=engine.convention, config_ids=spec.layer_ids, draft=draft_name,
+            check=check)
+    except ConformanceFailure as failure:
+        diag = failure.diagnoses[0]
+    except EngineCrash as crash:
+        diag = crash_diagnosis(str(crash), spec.layer_ids, oracle.bundle.hidden_size)
+    if diag is not None and diag.kind == "ok":
+        report.fix(draft_name, {"ids": list(spec.layer_ids), "layout": None, "suggested": False,
+                                "result": "no fix needed: the engine captures the training boundaries"})
+        return
+    if diag is not None and diag.suggested_layer_ids:
+        ids, suggested = tuple(diag.suggested_layer_ids), True
+    elif engine.convention is not None:
+        ids, suggested = literal_ids(spec.boundaries, engine.convention, n), False
+    else:
+        pytest.skip(f"{draft_name}: the diagnosis suggests no ids and {engine.name} declares no "
+                    f"layer-id convention, so there is no id list to re-serve")
+    layouts = FORMATS if diag is not None and diag.kind == "ids_ignored" else (NESTED,)
+    for layout in layouts:
+        result = served.serve(ids, layout, spec.convention, spec.boundaries, batch, check)
+        detail = result.diagnosis.message if result.diagnosis is not None else ""
+        text, holds = fix_result(ids, layout, spec.boundaries, suggested, result.slots, result.crash, detail)
+        if holds:
+            break
+    report.fix(draft_name, {"ids": list(ids), "layout": layout, "suggested": suggested,
+                            "diagnosis_kind": None if diag is None else diag.kind, "result": text})
+    assert_fix_holds(text, holds, [] if result.failure is None else result.failure.diagnoses)
+
+
+@pytest.mark.parametrize("layout", FORMATS)
+@settings(max_examples=layer_id_examples(), report_multiple_bugs=False,
+          suppress_health_check=[*_SLOW, HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_drawn_layer_ids_served_as_trained(layout: str, engine_class: type, budgeted: ServedDrafts,
+                                           oracle: Oracle, data: st.DataObject) -> None:
+    """Hypothesis draws the training convention, 1..4 ids (embedding and final boundary
+    included, any order) and 1..3 pinned prompts; each engine slot must hold the boundary the ids mean
+    under that convention, in config order. Failures shrink to the shortest id list."""
+    require(engine_class, Capability.CAPTURE)
+    served = budgeted
+    conventions = told_conventions(engine_class)
+    told = data.draw(st.sampled_from(sorted(conventions)), label="training convention")
+    n = served.num_layers
+    ids = data.draw(layer_id_configs(conventions[told], n), label="layer ids")
+    pinned = oracle.pinned_prompts
+    # Pinned prompts (lengths 1..32, committed golden features): a config is captured on all of
+    # them at once, so examples and shrink steps on a served config cost no start-up.
+    rows = data.draw(pinned_prompt_rows(len(pinned)), label="pinned prompts")
+    trained = ids_to_boundaries(ids, conventions[told], n)
+    told_name = told if told in TRAINERS else None
+    if served.budget_s is not None and served.budget_s <= 0 and served.is_new(ids, layout, told_name):
+        served.rejected += 1
+        reject()  # past the start-up budget: only configs already served are drawn on
+    served.check(ids, layout, told_name, trained, [pinned[i] for i in rows],
+                 f"test_drawn_layer_ids_served_as_trained[{layout}]")
+
+
+@pytest.mark.parametrize("layout", FORMATS)
+def test_observed_convention_as_declared(layout: str, engine_class: type, served: ServedDrafts,
+                                         oracle: Oracle, report) -> None:
+    """The probes, and every config served before in this layout, read the way the engine's
+    declared rule (for an engine that honours training: the told trainer's) says: ascending
+    where it sorts, its defaults nowhere, its offset everywhere."""
+    require(engine_class, Capability.CAPTURE)
+    n, batch = served.num_layers, oracle.pinned_prompts
+    judged = []
+    for told, conv in told_conventions(engine_class).items():
+        declared = engine_class.convention or told
+        told_name = told if told in TRAINERS else None
+        diagnoses: list[Diagnosis] = []
+        for ids in PROBES:
+            try:
+                ids_to_boundaries(ids, conv, n)  # a list this trainer writes
+                expected = ids_to_boundaries(ids, declared, n)  # what the declared rule captures
+            except LayerIdError:
+                continue
+            result = served.serve(ids, layout, told_name, expected, batch,
+                                  f"test_observed_convention_as_declared[{layout}]")
+            if result.failure is not None:
+                diagnoses.extend(result.failure.diagnoses)
+        judged.append((declared, served.told_key(told_name), diagnoses))
+    for declared, key, diagnoses in judged:  # every told convention probed before any verdict
+        seen = [Observation.from_json(o) for o in report.observations.values()
+                if o["layout"] == layout and o.get("told") == key]
+        assert_convention_as_declared(declared, layout, seen, diagnoses)
+
+
+@settings(max_examples=25, suppress_health_check=_SLOW)
+@given(data=st.data())
+def test_config_lint_rejects_invalid_ids(bundle: Bundle, draft_factory: DraftFactory,
+                                         data: st.DataObject) -> None:
+    """Duplicate ids and ids past either end never reach an engine: the lint names the field
+    and the offending list in one line. A valid list draws no id complaint (the lint must not
+    cry wolf). SpecForge layout (the lint reads the bundle's convention)."""
+    target_cfg = json.loads((bundle.target_dir / "config.json").read_text())
+    n = bundle.num_layers
+    convention = data.draw(st.sampled_from(["specforge", "embedding-minus-one"]), label="convention")
+    invalid = data.draw(st.booleans(), label="invalid")
+    ids = data.draw(invalid_layer_id_configs(convention, n) if invalid else layer_id_configs(convention, n),
+                    label="layer ids")
+    problems = [p for p in lint_draft(draft_factory.folder(ids, NESTED), target_cfg, convention)
+                if p.field.endswith(ID_FIELD)]
+    if invalid and not problems:
+        raise ConformanceFailure(f"the config lint accepted invalid ids {list(ids)} ({convention}); "
+                                 f"it must reject duplicates and ids outside the target")
+    if not invalid and problems:
+        raise ConformanceFailure(f"the config lint rejected valid ids {list(ids)} ({convention}): "
+                                 f"{problems[0]}")
+    if invalid:
+        named = str(problems[0])
+        dup = [i for i in ids if list(ids).count(i) > 1]
+        assert any(str(i) in named for i in (dup or ids)), f"lint message names no id: {named}"

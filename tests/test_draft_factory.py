@@ -1,0 +1,61 @@
+"""The draft factory (harness.golden.draft_factory): any id list in either layout, fc as wide
+as the ids imply, bit-identical across sessions, never written into the bundle, and read back
+by the reference loader and the config lint as a user's draft would be."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from safetensors.torch import load_file
+
+from harness.golden.bundle import load_bundle
+from harness.golden.draft_factory import FORMATS, NESTED, TOP_LEVEL, DraftFactory, DraftFactoryError
+from harness.lint import lint_draft
+from harness.models.draft import DraftConfig, Eagle3Draft
+from harness.paths import default_bundle_path
+
+
+@pytest.fixture(scope="module")
+def committed():
+    return load_bundle(default_bundle_path(), verify_hashes=False)
+
+
+@pytest.mark.parametrize("layout", FORMATS)
+def test_ids_width_and_layout(committed, tmp_path: Path, layout: str) -> None:
+    folder = DraftFactory(committed, tmp_path).folder((5, 1), layout)
+    cfg = json.loads((folder / "config.json").read_text())
+    if layout == NESTED:
+        assert cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [5, 1]
+        assert "eagle_aux_hidden_state_layer_ids" not in cfg
+    else:
+        assert cfg["eagle_aux_hidden_state_layer_ids"] == [5, 1] and "eagle_config" not in cfg
+        assert cfg["speculators_model_type"] == "eagle3" and "transformer_layer_config" in cfg
+    assert DraftConfig.from_json(cfg).aux_layer_ids == (5, 1)
+    draft = Eagle3Draft.load(folder)
+    assert draft.fc.in_features == 2 * committed.hidden_size
+
+
+def test_deterministic_cached_and_outside_the_bundle(committed, tmp_path: Path) -> None:
+    a = DraftFactory(committed, tmp_path / "a")
+    b = DraftFactory(committed, tmp_path / "b")
+    assert a.folder([1, 3]) is a.folder((1, 3))  # cached per session
+    wa, wb = (load_file(str(f.folder([1, 3]) / "model.safetensors")) for f in (a, b))
+    assert all((wa[k] == wb[k]).all() for k in wa)
+    other = load_file(str(a.folder([3, 1]) / "model.safetensors"))
+    assert not (other["fc.weight"] == wa["fc.weight"]).all()  # seeded by the ids
+    with pytest.raises(DraftFactoryError, match="inside the bundle"):
+        DraftFactory(committed, Path(committed.path) / "scratch")
+    with pytest.raises(DraftFactoryError, match="format"):
+        a.folder([1], "yaml")
+
+
+def test_lint_reads_factory_drafts(committed, tmp_path: Path) -> None:
+    target = json.loads((committed.target_dir / "config.json").read_text())
+    factory = DraftFactory(committed, tmp_path)
+    assert lint_draft(factory.folder([1, 5, 3]), target, "specforge") == []
+    dup = lint_draft(factory.folder([3, 1, 3]), target, "specforge")
+    assert [p.field.endswith("eagle_aux_hidden_state_layer_ids") for p in dup] == [True]
+    assert "3" in dup[0].message
+    assert TOP_LEVEL in FORMATS
