@@ -16,6 +16,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -184,9 +185,18 @@ def cmd_selftest(a: argparse.Namespace, extra: Sequence[str]) -> int:
     if unknown:
         raise CliError(f"no mutant {unknown[0]!r}; choose from {', '.join(sorted(zoo))}")
     root = _report_dir(Path(a.report_dir))
+    if a.jobs < 1:
+        raise CliError(f"--jobs {a.jobs} is not a process count; pass 1 or more")
+    runs = ([] if a.no_control else [("reference", root / "control")]) + [
+        (f"zoo:{name}", root / "mutants" / _safe(name)) for name in names]
+    # each run is its own interpreter with one torch thread (suites/conftest.py), so `jobs`
+    # runs side by side use `jobs` cores; the exit codes are read back in the runs' order
+    with ThreadPoolExecutor(max_workers=a.jobs) as pool:
+        codes = dict(zip((engine for engine, _ in runs), pool.map(
+            lambda run: _run_engine(run[0], bundle, run[1], a.profile, extra), runs), strict=True))
     control = None
     if not a.no_control:
-        code = _run_engine("reference", bundle, root / "control", a.profile, extra)
+        code = codes["reference"]
         report = _read_report(root / "control")
         verdict = report["summary"]["verdict"] if report and code in (0, 1) else "error"
         control = {"engine": "reference", "verdict": verdict, "report_dir": str(root / "control")}
@@ -195,7 +205,7 @@ def cmd_selftest(a: argparse.Namespace, extra: Sequence[str]) -> int:
     for name in names:
         entry = zoo[name]
         expected = _mutant_field(entry, name, "expected_diagnosis_kind")
-        code = _run_engine(f"zoo:{name}", bundle, root / "mutants" / _safe(name), a.profile, extra)
+        code = codes[f"zoo:{name}"]
         report = _read_report(root / "mutants" / _safe(name))
         result: dict[str, Any] = {"name": name, "bug_class": _mutant_field(entry, name, "bug_class"),
                                   "expected_diagnosis_kind": expected, "caught": False,
@@ -337,6 +347,9 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--mutant", action="append", help="only this mutant (repeatable)")
     st.add_argument("--no-control", action="store_true",
                     help="skip the control run that the reference engine must pass")
+    st.add_argument("--jobs", type=int, default=1, metavar="N",
+                    help="suite runs side by side (one core each; default 1). Timing checks "
+                         "(the throughput gate) need a core per run: keep N <= cores")
     st.set_defaults(func=cmd_selftest)
 
     golden = sub.add_parser("golden", help="build or verify a golden bundle")

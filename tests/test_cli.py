@@ -149,12 +149,15 @@ def test_run_prints_the_verdict_line(tmp_path: Path) -> None:
 
 def test_selftest_contract_on_two_mutants(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """selftest.json as DESIGN.md promises it, on a cheap slice (the pinned-prompt capture
-    check): both mutants caught, each diagnosed as its own bug class."""
+    check): both mutants caught, each diagnosed as its own bug class; the two runs side by
+    side (--jobs 2), their rows in the order asked."""
     out = tmp_path / "st"
-    code = cli.main(["selftest", "--report-dir", str(out), "--no-control", "--mutant", "ids_plus_one",
-                     "--mutant", "config_ids_ignored", "--", "-k", "test_capture_pinned_prompts"])
+    code = cli.main(["selftest", "--report-dir", str(out), "--no-control", "--jobs", "2",
+                     "--mutant", "ids_plus_one", "--mutant", "config_ids_ignored",
+                     "--", "-k", "test_capture_pinned_prompts"])
     summary = json.loads((out / "selftest.json").read_text())
     rows = {m["name"]: m for m in summary["mutants"]}
+    assert list(rows) == ["ids_plus_one", "config_ids_ignored"]
     assert code == 0 and summary["passed"], capsys.readouterr().out
     assert summary["mutation_score"] == 1.0 and summary["diagnosis_score"] == 1.0
     for name, kind, cause in [("ids_plus_one", "offset", "root cause: offset +1"),
