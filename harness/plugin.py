@@ -347,6 +347,7 @@ def pytest_testnodedown(node: Any, error: Any) -> None:
     if payload is None:
         return
     state = _state(node.config)
+    state.from_workers = True
     distributed.merge_payload(state.collector, payload)
     state.conformance_run = state.conformance_run or payload["conformance_run"]
     state.engine_info.update(payload["engine_info"])
@@ -375,7 +376,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
             state.resolve()
         except pytest.UsageError:
             pass
-    if state._bundle is None and state.conformance_run:  # an xdist controller ran no check
+    if state._bundle is None and state.from_workers:  # an xdist controller ran no check
         try:
             state.bundle()
         except pytest.UsageError:
