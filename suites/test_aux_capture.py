@@ -11,6 +11,7 @@ from harness.engines.base import Capability, Engine
 from harness.golden.bundle import DraftSpec
 from harness.golden.oracle import Oracle
 from harness.strategies import prompts
+from harness.tolerances import tolerance_for
 
 
 def _check(engine: Engine, oracle: Oracle, spec: DraftSpec, draft_name: str,
@@ -20,11 +21,14 @@ def _check(engine: Engine, oracle: Oracle, spec: DraftSpec, draft_name: str,
         features=capture.features, golden=[oracle.features(p) for p in batch],
         training_boundaries=spec.boundaries, dtype=engine.options.dtype, engine_name=engine.name,
         engine_convention=engine.convention, config_ids=spec.layer_ids, draft=draft_name,
-        prompts=batch, check=check, margins=[oracle.routing_margins(p) for p in batch]
-        if engine.options.dtype != "float32" else None)
+        prompts=batch, check=check,
+        noise=[oracle.reference_features(p, engine.options.dtype, engine.options.device) for p in batch]
+        if not tolerance_for(engine.options.dtype).strict else None)
     if report is not None:
         report.metric(draft_name, "capture_worst_rel_error",
                       max((s.rel_error for s in diag.slots), default=0.0))
+        if "precision" in diag.details:  # tokens precision made ambiguous, reported as such
+            report.metric(draft_name, "capture_precision", diag.details["precision"])
 
 
 def test_capture_pinned_prompts(engine: Engine, oracle: Oracle, spec: DraftSpec, draft_name: str,
