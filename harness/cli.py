@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from harness.options import (
+    RUN_OPTIONS,
     OptionError,
     add_run_options,
     bundle_path,
@@ -140,13 +141,15 @@ def _mutant_field(entry: Any, name: str, attr: str) -> str | None:
     return None if attr != "name" else name
 
 
-def _run_engine(engine: str, bundle: Path, out: Path, profile: str, extra: Sequence[str]) -> int:
+def _run_engine(engine: str, bundle: Path, out: Path, profile: str, extra: Sequence[str],
+                run_flags: Sequence[str] = ()) -> int:
     """One suite run in a fresh interpreter: a mutant that crashes, leaks threads or poisons a
-    module-level cache cannot affect the next one."""
+    module-level cache cannot affect the next one. run_flags: run options forwarded as given
+    (--dtype, --device)."""
     out.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "-m", "harness.cli", "run", "--engine", engine, "--bundle", str(bundle),
-           "--report-dir", str(out), "--profile", profile, "--", "-q", "-p", "no:cacheprovider",
-           *extra]
+           "--report-dir", str(out), "--profile", profile, *run_flags, "--", "-q", "-p",
+           "no:cacheprovider", *extra]
     with (out / "run.log").open("w", encoding="utf-8") as log:
         return subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, check=False).returncode
 
@@ -165,9 +168,12 @@ def cmd_selftest(a: argparse.Namespace, extra: Sequence[str]) -> int:
     if unknown:
         raise CliError(f"no mutant {unknown[0]!r}; choose from {', '.join(sorted(zoo))}")
     root = _report_dir(Path(a.report_dir))
+    # every run, control and mutants, in the same dtype and on the same device: a mutant must
+    # stay caught, with its diagnosis, where the judgement is the reduced-precision one
+    flags = forward({"dtype": a.dtype, "device": a.device})
     control = None
     if not a.no_control:
-        code = _run_engine("reference", bundle, root / "control", a.profile, extra)
+        code = _run_engine("reference", bundle, root / "control", a.profile, extra, flags)
         report = _read_report(root / "control")
         verdict = report["summary"]["verdict"] if report and code in (0, 1) else "error"
         control = {"engine": "reference", "verdict": verdict, "report_dir": str(root / "control")}
@@ -176,7 +182,8 @@ def cmd_selftest(a: argparse.Namespace, extra: Sequence[str]) -> int:
     for name in names:
         entry = zoo[name]
         expected = _mutant_field(entry, name, "expected_diagnosis_kind")
-        code = _run_engine(f"zoo:{name}", bundle, root / "mutants" / _safe(name), a.profile, extra)
+        code = _run_engine(f"zoo:{name}", bundle, root / "mutants" / _safe(name), a.profile, extra,
+                           flags)
         report = _read_report(root / "mutants" / _safe(name))
         result: dict[str, Any] = {"name": name, "bug_class": _mutant_field(entry, name, "bug_class"),
                                   "expected_diagnosis_kind": expected, "caught": False,
@@ -209,7 +216,7 @@ def cmd_selftest(a: argparse.Namespace, extra: Sequence[str]) -> int:
     ok = (mutation_score == 1.0 and diagnosis_score == 1.0
           and (control is None or control["verdict"] == "conformant"))
     summary = {"format_version": 1, "bundle": str(bundle.resolve()), "profile": a.profile,
-               "control": control, "mutants": results, "total": total,
+               "dtype": a.dtype, "device": a.device, "control": control, "mutants": results, "total": total,
                "caught": sum(r["caught"] for r in results),
                "mutation_score": mutation_score, "diagnosis_score": diagnosis_score, "passed": ok}
     write_atomic(root / "selftest.json", json.dumps(summary, indent=2) + "\n")
@@ -300,6 +307,10 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--bundle")
     st.add_argument("--profile", choices=("dev", "ci", "nightly"), default="ci")
     st.add_argument("--mutant", action="append", help="only this mutant (repeatable)")
+    for flag in ("--dtype", "--device"):
+        opt = next(o for o in RUN_OPTIONS if o.flag == flag)
+        st.add_argument(flag, dest=opt.dest, **{**opt.argparse_kwargs(),
+                                                "help": opt.help + "; forwarded to every run"})
     st.add_argument("--no-control", action="store_true",
                     help="skip the control run that the reference engine must pass")
     st.set_defaults(func=cmd_selftest)
