@@ -99,7 +99,7 @@ def run_draft(oracle: Oracle, draft: str, args: argparse.Namespace) -> Tally:
     try:
         for i, p in enumerate(prompts):
             cap = engine.capture([p])
-            diag = tally.judge("capture", [p], lambda: assert_capture_matches(
+            diag = tally.judge("capture", [p], lambda cap=cap, p=p: assert_capture_matches(
                 features=cap.features, golden=[oracle.features(p)], training_boundaries=spec.boundaries,
                 dtype=dtype, engine_name=engine.name, engine_convention=None, config_ids=spec.layer_ids,
                 draft=draft, prompts=[p], check="test_capture_drawn_prompts",
@@ -108,7 +108,7 @@ def run_draft(oracle: Oracle, draft: str, args: argparse.Namespace) -> Tally:
                 tally.ambiguous_tokens += diag.details["precision"]["ambiguous"]
                 tally.outlier_tokens += diag.details["precision"]["precision_outlier"]
             f = cap.features[0]
-            tally.judge("fc", [p], lambda: assert_fc_matches(
+            tally.judge("fc", [p], lambda cap=cap, p=p, f=f: assert_fc_matches(
                 fc_out=cap.fc_out, features=cap.features, expected=[oracle.fc(draft, f)], dtype=dtype,
                 draft_hidden=engine.draft.cfg.hidden_size, norm_before_fc=engine.draft.cfg.norm_before_fc,
                 fc_norm=engine.draft.cfg.fc_norm, engine_name=engine.name, draft=draft, prompts=[p],
@@ -118,7 +118,7 @@ def run_draft(oracle: Oracle, draft: str, args: argparse.Namespace) -> Tally:
             batch = companions[:pos] + [p] + companions[pos:]
             inside = engine.capture(batch).features[pos]
 
-            def leaks(inside=inside, p=p, batch=batch) -> None:
+            def leaks(inside=inside, p=p, f=f) -> None:
                 bad, total, worst, bound = batch_leaks(
                     inside, f, dtype=dtype, golden=oracle.features(p),
                     training_boundaries=spec.boundaries, noise=noise(p))

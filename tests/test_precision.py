@@ -95,7 +95,7 @@ WIRING_BUGS = [
 @pytest.mark.parametrize(("slots", "kind"), WIRING_BUGS, ids=[k for _, k in WIRING_BUGS])
 def test_wiring_bugs_in_bf16_fail_with_their_diagnosis(slots, kind: str) -> None:
     prompt = max(_oracle().pinned_prompts, key=len)[:LONG]
-    with pytest.raises(ConformanceFailure, match=rf"not the training boundaries on [1-9]\d*/") as err:
+    with pytest.raises(ConformanceFailure, match=r"not the training boundaries on [1-9]\d*/") as err:
         _judge(_bf16(prompt, slots), prompt, "specforge-default")
     assert err.value.diagnoses[0].kind == kind, err.value.diagnoses[0].message
 
