@@ -121,7 +121,7 @@ def run_draft(oracle: Oracle, draft: str, args: argparse.Namespace) -> Tally:
             def leaks(inside=inside, p=p, f=f) -> None:
                 bad, total, worst, bound = batch_leaks(
                     inside, f, dtype=dtype, golden=oracle.features(p),
-                    training_boundaries=spec.boundaries, noise=noise(p))
+                    noise=noise(p))
                 if bad or inside.shape != f.shape:
                     raise ConformanceFailure(f"batch invariance: {bad}/{total} tokens off, worst "
                                              f"{worst:.3g} (tolerance {bound})", [])

@@ -41,7 +41,6 @@ def test_capture_batch_invariant(engine: Engine, oracle: Oracle, draft_name: str
     strict = tolerance_for(dtype).strict
     bad, total, worst, bound = batch_leaks(
         inside, alone, dtype=dtype, golden=None if strict else oracle.features(probe),
-        training_boundaries=oracle.spec(draft_name).boundaries,
         noise=None if strict else oracle.reference_features(probe, dtype, engine.options.device))
     if bad:
         fail(f"probe prompt {probe} gets different draft features at batch position "
