@@ -25,6 +25,7 @@ from harness.diagnosis.identity import WRONG, classify_capture, classify_tokens,
 from harness.diagnosis.record import Diagnosis
 from harness.diagnosis.throughput import throughput_diagnosis
 from harness.engines.base import Capability, Engine
+from harness.finite import assert_finite
 from harness.golden.features import TargetFeatures
 from harness.report import ConformanceFailure
 from harness.throughput import SpeedupFinding
@@ -119,6 +120,7 @@ def assert_capture_matches(*, features: Sequence[torch.Tensor], golden: Sequence
     prompt the features of the reference computation in the engine's dtype on its device
     (`Oracle.reference_features`). Tokens precision makes ambiguous pass and are reported in
     the returned diagnosis' details["precision"]."""
+    assert_finite("the aux features the engine handed the draft", features)
     hidden = golden[0].boundaries.shape[-1]
     expected_width = len(training_boundaries) * hidden
     widths = {int(x.shape[-1]) for x in features}

@@ -138,36 +138,68 @@ CONVENTIONS: dict[str, Convention] = {c.name: c for c in [
     Convention(
         name="sglang",
         description=(
-            "SGLang 0.5.10.post1, llama.py LlamaForCausalLM.set_eagle3_layers_to_capture (and "
-            "qwen2/qwen3/gpt_oss/..., and deepseek_v2.py before PR #25454): explicit ids get "
-            "+1 (b = id+1, 'output of layer id'); with no ids the fallback is boundaries "
-            "[2, N//2, N-3] with no +1. model_runner.py reads ids only from the draft's nested "
-            "eagle_config (a bare except turns a top-level list into None -> fallback). "
-            "LlamaModel.forward appends hidden+residual when the loop index is in "
-            "layers_to_capture, before that layer: capture order is ascending whatever the "
-            "list order, a duplicate is captured once, b=0 crashes (residual is None before "
-            "layer 0), b=N is never captured. deepseek_v2.py DeepseekV2Model.forward: under "
-            "two-batch overlap (can_run_tbo) the layers from first_k_dense_replace on run in "
-            "model_forward_maybe_tbo, which captures nothing (MoE-layer boundaries skipped)."),
+            "SGLang llama-family targets (llama.py LlamaForCausalLM.set_eagle3_layers_to_capture, "
+            "also qwen2/qwen3/...) in every release, and deepseek_v2 before 0.5.13 (before PR "
+            "#25454); executed by tests/test_sglang_conventions.py on 0.5.12.post1 and 0.5.23: "
+            "explicit ids get +1 (b = id+1); with no ids the fallback is boundaries [2, N//2, "
+            "N-3] with no +1. The model runner reads ids only from the draft's nested "
+            "eagle_config (a bare except turns a top-level list into None -> fallback), executed "
+            "on both versions. Capture model of this key (LlamaModel.forward up to 0.5.21, "
+            "deepseek_v2 up to 0.5.13, source read): hidden+residual is appended before layer i "
+            "when i is in layers_to_capture: ascending whatever the list order, a duplicate "
+            "captured once, b=0 crashes (residual is None before layer 0), b=N is never captured."),
         offset=1, sorts_ids=True, capture_embedding=False, capture_final=False,
         no_embedding_reason=_SGLANG_NO_EMBEDDING, no_final_reason=_SGLANG_NO_FINAL,
         negative_id_reason="SGLang maps -1 to boundary 0, which crashes, and other negatives "
                            "to nothing",
     ),
     Convention(
+        name="sglang-stages",
+        description=(
+            "SGLang llama-family targets from 0.5.22 (source read on 0.5.22 and 0.5.23): the id "
+            "rule is 'sglang' (+1, executed on 0.5.23), but capture moved into the layer-boundary "
+            "stages (layers/layer_boundary/stage.py _prepare_attention): before layer 0 the "
+            "residual is None and the stage captures the embedding itself, so id -1 -> b=0 "
+            "works; other negative ids match no layer (slot dropped). Ascending, b=N never "
+            "captured, as 'sglang'. Not yet run on a GPU."),
+        offset=1, sorts_ids=True, capture_final=False, embedding_id=-1,
+        no_final_reason=_SGLANG_NO_FINAL,
+        negative_id_reason="only -1 (-> layer 0, the embedding) names a layer; other negatives "
+                           "match none and the slot is dropped",
+    ),
+    Convention(
         name="sglang-deepseek",
         description=(
             "SGLang deepseek_v2.py / glm4_moe_lite.py DeepseekV2ForCausalLM."
-            "set_eagle3_layers_to_capture after PR #25454 (merged 2026-05-16, newer than "
-            "0.5.10.post1, which still adds +1 unconditionally): +1 only if the first listed id "
-            "== 1 ('output-of-layer' drafts), otherwise b = id ('capture-before' drafts, matching "
-            "the [2, N//2, N-3] fallback). Everything else as 'sglang': ascending capture, b=0 "
-            "crashes, b=N never captured, MoE layers skipped under two-batch overlap. A set "
-            "whose lowest boundary is 1 needs a list that does not start with 1."),
+            "set_eagle3_layers_to_capture from 0.5.13 (PR #25454; 0.5.12.post1 still adds +1 "
+            "unconditionally; executed on both by tests/test_sglang_conventions.py): +1 only if "
+            "the first listed id == 1 ('output-of-layer' drafts), otherwise b = id "
+            "('capture-before' drafts, matching the [2, N//2, N-3] fallback). Capture model of "
+            "this key: 0.5.13's hidden+residual before layer i (b=0 crashes, b=N never "
+            "captured, ascending); 0.5.14-0.5.20 capture inside the layer communicator, whose "
+            "b=0 behaviour is not checked (this key assumes it fails). Under two-batch overlap "
+            "the layers from first_k_dense_replace on run in model_forward_maybe_tbo, which "
+            "captures nothing (PR #32680 unmerged). A set whose lowest boundary is 1 needs a "
+            "list that does not start with 1."),
         offset=1, shift_only_if_first_id=1, sorts_ids=True,
         capture_embedding=False, capture_final=False,
         no_embedding_reason=_SGLANG_NO_EMBEDDING, no_final_reason=_SGLANG_NO_FINAL,
         negative_id_reason="SGLang maps -1 to nothing or to a crashing boundary 0",
+    ),
+    Convention(
+        name="sglang-deepseek-stages",
+        description=(
+            "SGLang deepseek_v2 from 0.5.21 (source read on 0.5.21-0.5.23; the id rule executed "
+            "on 0.5.23): the 'sglang-deepseek' rule (+1 only if the first id is 1), capture in "
+            "the layer-boundary stages: the stage captures the residual after its add "
+            "(capture_gathered), which before layer 0 is the embedding, so b=0 is capturable "
+            "with a list that does not start with 1 (e.g. [0, 3, 5]); negative ids match no "
+            "layer. b=N never captured; two-batch overlap still captures nothing past the "
+            "dense layers in 0.5.23 (model_forward_stages gets no capture). Not yet run on a GPU."),
+        offset=1, shift_only_if_first_id=1, sorts_ids=True, capture_final=False,
+        no_final_reason=_SGLANG_NO_FINAL,
+        negative_id_reason="a negative id matches no layer (or, after the +1 of a list "
+                           "starting with 1, a boundary another id can name); use ids >= 0",
     ),
     Convention(
         name="vllm",

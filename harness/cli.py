@@ -29,7 +29,13 @@ from harness.options import (
     prepare_report_dir,
     validate,
 )
-from harness.report import render_conformance_table, verdict_line, write_atomic
+from harness.report import (
+    clear_reports,
+    kept_sections,
+    render_conformance_table,
+    verdict_line,
+    write_atomic,
+)
 
 PROG = "eagle3-conformance"
 DEBUG_ENV = "EAGLE3_CONFORMANCE_DEBUG"
@@ -37,6 +43,10 @@ DEBUG_ENV = "EAGLE3_CONFORMANCE_DEBUG"
 
 class CliError(Exception):
     """Bad input; the message is `<problem>; <fix>`."""
+
+
+class RunInterrupted(KeyboardInterrupt):
+    """Ctrl-C reached pytest, which stopped and wrote no report: not a verdict."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -111,6 +121,8 @@ def _read_report(report_dir: Path) -> dict[str, Any] | None:
 def cmd_run(a: argparse.Namespace, extra: Sequence[str]) -> int:
     import pytest
 
+    # cleared first: a run refused below must not leave the previous verdict standing
+    report_dir = _report_dir(Path(a.report_dir) if a.report_dir else Path("reports") / _safe(a.engine))
     try:
         validate(vars(a))
     except OptionError as e:
@@ -118,8 +130,12 @@ def cmd_run(a: argparse.Namespace, extra: Sequence[str]) -> int:
     _check_engine(a.engine)
     bundle = bundle_path(a.bundle)
     _check_bundle(bundle, a.draft or ())
-    report_dir = _report_dir(Path(a.report_dir) if a.report_dir else Path("reports") / _safe(a.engine))
     code = int(pytest.main(_pytest_args(a, bundle, report_dir, extra)))
+    if code == pytest.ExitCode.INTERRUPTED:
+        raise RunInterrupted()
+    if code == pytest.ExitCode.NO_TESTS_COLLECTED:
+        raise CliError(f"{'-k ' + repr(a.k) if a.k else 'the selection'} matches no check; list "
+                       f"the checks with `{PROG} run -- --collect-only -q`")
     report = _read_report(report_dir)
     if report is None or code in (pytest.ExitCode.USAGE_ERROR, pytest.ExitCode.INTERNAL_ERROR):
         raise CliError(f"pytest stopped (exit code {code}) before writing a report; its output "
@@ -148,8 +164,11 @@ def _run_engine(engine: str, bundle: Path, out: Path, profile: str, extra: Seque
     (--dtype, --device)."""
     out.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "-m", "harness.cli", "run", "--engine", engine, "--bundle", str(bundle),
-           "--report-dir", str(out), "--profile", profile, *run_flags, "--", "-q", "-p",
-           "no:cacheprovider", *extra]
+           "--report-dir", str(out), "--profile", profile, *run_flags,
+           # mutants are the in-process reference on a tiny bundle: calls take seconds at most,
+           # so a tenth of the default deadlines catches zoo:capture_hangs in about a minute
+           *(["--engine-timeout-scale", "0.1"] if engine.startswith("zoo:") else []),
+           "--", "-q", "-p", "no:cacheprovider", *extra]
     with (out / "run.log").open("w", encoding="utf-8") as log:
         return subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, check=False).returncode
 
@@ -262,7 +281,14 @@ def cmd_golden_diff(a: argparse.Namespace, extra: Sequence[str]) -> int:
 
 
 def cmd_golden_verify(a: argparse.Namespace, extra: Sequence[str]) -> int:
+    from harness.golden.bundle import MANIFEST
+    from harness.golden.integrity import pinned_problem
+
     bundle = _check_bundle(Path(a.path), ())
+    if a.pinned:
+        problem = pinned_problem(bundle.name, Path(a.path) / MANIFEST)
+        if problem:
+            raise CliError(problem)
     print(f"OK {bundle.name}: drafts {', '.join(bundle.draft_names)}; manifest sha256 "
           f"{bundle.manifest_sha256()[:16]}")
     return 0
@@ -278,7 +304,12 @@ def cmd_table(a: argparse.Namespace, extra: Sequence[str]) -> int:
         raise CliError(f"cannot read the reports ({str(e).splitlines()[0]}); pass report.json "
                        f"files written by `{PROG} run`") from None
     if a.out:
-        write_atomic(Path(a.out), text)
+        out = Path(a.out)
+        try:
+            text += kept_sections(out.read_text(encoding="utf-8") if out.is_file() else "")
+        except ValueError as e:
+            raise CliError(f"{out}: {e}; close or delete that section") from None
+        write_atomic(out, text)
         print(f"wrote {a.out}")
     else:
         sys.stdout.write(text)
@@ -332,6 +363,9 @@ def build_parser() -> argparse.ArgumentParser:
     diff.set_defaults(func=cmd_golden_diff)
     verify = gsub.add_parser("verify", help="check a bundle's manifest, hashes and shapes")
     verify.add_argument("path")
+    verify.add_argument("--pinned", action="store_true",
+                        help="also require the manifest digest pinned for the committed bundle "
+                             "(detects a tampered bundle whose hashes were recomputed)")
     verify.set_defaults(func=cmd_golden_verify)
 
     table = sub.add_parser("conformance-table", help="render docs/CONFORMANCE.md from reports")
@@ -339,6 +373,24 @@ def build_parser() -> argparse.ArgumentParser:
     table.add_argument("--out", help="write here (default: stdout)")
     table.set_defaults(func=cmd_table)
     return p
+
+
+def _clear_refused_run(argv: Sequence[str]) -> None:
+    """A `run` refused while its arguments were parsed (before cmd_run could clear the report
+    folder) must not leave the previous verdict standing either: clear the folder it names."""
+    if not argv or argv[0] != "run":
+        return
+    given = None
+    for i, arg in enumerate(argv):
+        if arg == "--report-dir" and i + 1 < len(argv):
+            given = argv[i + 1]
+        elif arg.startswith("--report-dir="):
+            given = arg.split("=", 1)[1]
+    if given is not None and Path(given).is_dir():
+        try:
+            clear_reports(Path(given))
+        except OSError:
+            pass
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -353,10 +405,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise CliError("arguments after `--` are only for run and selftest")
         return args.func(args, extra)
     except CliError as e:
+        _clear_refused_run(argv)
         print(f"error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("error: interrupted", file=sys.stderr)
+        print("error: interrupted (Ctrl-C); no verdict and no report were written — rerun to "
+              "certify", file=sys.stderr)
         return 130
     except Exception as e:
         if os.environ.get(DEBUG_ENV):

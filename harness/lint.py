@@ -15,6 +15,8 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 
 from harness.boundaries import LayerIdError, ids_to_boundaries
+from harness.config_schema import draft_config_problems, target_config_problems
+from harness.golden.integrity import weights_problem
 from harness.models.draft import DRAFT_ARCHITECTURE
 
 
@@ -30,22 +32,35 @@ class LintProblem:
 def _ids(cfg: dict) -> list[int] | None:
     eagle = cfg.get("eagle_config") or {}
     ids = eagle.get("eagle_aux_hidden_state_layer_ids", cfg.get("eagle_aux_hidden_state_layer_ids"))
-    return None if ids is None else [int(i) for i in ids]
+    return None if ids is None else list(ids)  # types checked by config_schema first
 
 
 def lint_draft(draft_dir: Path, target_config: dict, convention: str = "specforge",
                training_boundaries: tuple[int, ...] | None = None) -> list[LintProblem]:
-    """Problems with a draft folder for a target; empty when it is consistent."""
-    problems: list[LintProblem] = []
-    add = lambda f, m: problems.append(LintProblem(f, m))  # noqa: E731
+    """Problems with a draft folder for a target; empty when it is consistent. Never raises:
+    a malformed config is a list of one-line problems, not a traceback in a check."""
     cfg_path, weights_path = draft_dir / "config.json", draft_dir / "model.safetensors"
     if not cfg_path.is_file() or not weights_path.is_file():
         return [LintProblem("files", f"{draft_dir} needs config.json and model.safetensors")]
     try:
         cfg = json.loads(cfg_path.read_text())
         state = load_file(str(weights_path))
-    except (json.JSONDecodeError, SafetensorError, OSError) as e:
+    except (json.JSONDecodeError, UnicodeDecodeError, SafetensorError, OSError) as e:
         return [LintProblem("files", f"cannot read the draft ({str(e).splitlines()[0]}); re-export it")]
+    schema = [LintProblem(f"target {f}", m) for f, m in target_config_problems(target_config)]
+    schema += [LintProblem(f, m) for f, m in draft_config_problems(cfg)]
+    weights = weights_problem(state, "model.safetensors")
+    if weights:
+        schema.append(LintProblem("weights", weights))
+    if schema:
+        return schema  # the checks below read these fields as typed
+    return _lint_consistency(cfg, state, target_config, convention, training_boundaries)
+
+
+def _lint_consistency(cfg: dict, state: dict[str, torch.Tensor], target_config: dict,
+                      convention: str, training_boundaries: tuple[int, ...] | None) -> list[LintProblem]:
+    problems: list[LintProblem] = []
+    add = lambda f, m: problems.append(LintProblem(f, m))  # noqa: E731
     num_layers = int(target_config["num_hidden_layers"])
     target_hidden = int(target_config["hidden_size"])
     vocab = int(target_config["vocab_size"])

@@ -15,6 +15,7 @@ from typing import Any
 
 from harness.registry import EngineLookupError, check_engine_name
 from harness.report import clear_reports
+from harness.run_inputs import run_option_problem
 from harness.tolerances import DTYPES
 
 
@@ -62,6 +63,10 @@ RUN_OPTIONS: tuple[RunOption, ...] = (
     RunOption("--xfails", "known-nonconformance list (default: suites/xfails/<engine>.txt, "
                           "the engine name with every character but letters, digits, . - _ "
                           "as _)", metavar="FILE"),
+    RunOption("--engine-timeout-scale", "multiply every engine call's deadline (scaled to its "
+                                        "work, see harness/timeouts.py) by F; 0 turns the "
+                                        "deadlines off (default: 1)",
+              default=1.0, type=float, metavar="F"),
 )
 
 
@@ -84,14 +89,16 @@ def forward(values: Mapping[str, Any]) -> list[str]:
 
 
 def validate(values: Mapping[str, Any]) -> None:
-    """The checks that need nothing loaded: engine name syntax, k, the xfails file."""
+    """The checks that need no engine loaded: engine name syntax, k, the timeout scale, the
+    device (harness.run_inputs), the xfails file."""
     try:
         check_engine_name(values["engine"])
     except EngineLookupError as e:
         raise OptionError(str(e)) from None
-    if values["num_draft_tokens"] < 1:
-        raise OptionError(f"--num-draft-tokens {values['num_draft_tokens']} is not a chain "
-                          f"length; pass 1 or more")
+    problem = run_option_problem(values["device"], values["num_draft_tokens"],
+                                 values["engine_timeout_scale"])
+    if problem:
+        raise OptionError(problem)
     xfails = values.get("xfails")
     if xfails and not Path(xfails).is_file():
         raise OptionError(f"xfails file {xfails} does not exist; pass an existing file or drop "

@@ -184,6 +184,7 @@ def engine(pytestconfig: pytest.Config, engine_class: type, bundle: Any, draft_n
            report: ReportCollector) -> Any:
     """The engine serving the bundle's target with this draft: built once per draft, closed
     when the checks move to the next draft (or at session end)."""
+    from harness import timeouts
     from harness.engines.base import EngineOptions, EngineUnavailable
 
     state = _state(pytestconfig)
@@ -191,12 +192,17 @@ def engine(pytestconfig: pytest.Config, engine_class: type, bundle: Any, draft_n
                             device=pytestconfig.getoption("device"),
                             num_draft_tokens=pytestconfig.getoption("num_draft_tokens"),
                             training_convention=getattr(bundle.draft(draft_name), "convention", None))
+    if state.hung:
+        pytest.skip(state.hung)
+    budget = timeouts.CallBudget(scale=pytestconfig.getoption("engine_timeout_scale"))
     try:
-        instance = engine_class(bundle.target_dir, bundle.draft_dir(draft_name), options)
-    except EngineUnavailable as e:
+        instance = timeouts.start_engine(
+            lambda: engine_class(bundle.target_dir, bundle.draft_dir(draft_name), options), budget)
+    except (EngineUnavailable, timeouts.EngineHang) as e:
         state.engine_problem = f"engine {state.engine_name} unavailable: {e}"
         report.engine_unavailable = state.engine_problem
         pytest.skip(state.engine_problem)
+    timeouts.BoundedCalls(instance, budget, on_hang=lambda why: setattr(state, "hung", why))
     report.engine_constructions[draft_name] = report.engine_constructions.get(draft_name, 0) + 1
     if report.engine_version is None:
         try:
@@ -210,7 +216,11 @@ def engine(pytestconfig: pytest.Config, engine_class: type, bundle: Any, draft_n
             state.engine_info[draft_name] = dict(instance.info())
         except Exception as e:  # what the engine says about itself must not cost the run
             state.engine_info[draft_name] = {"error": f"{type(e).__name__}: {e}"}
-        instance.close()
+        try:  # a hung engine may not close either; the session goes on without it
+            timeouts.call_with_deadline(instance.close, (), budget.base_s if budget.enabled else None,
+                                        "close")
+        except timeouts.EngineHang:
+            pass
 
 
 # -- outcomes --------------------------------------------------------------------------------
@@ -317,7 +327,10 @@ def _interrupted(session: pytest.Session, exitstatus: int) -> str | None:
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     state = _state(session.config)
     partial = state.junit_tmp
-    bad_input = exitstatus in (pytest.ExitCode.USAGE_ERROR, pytest.ExitCode.INTERNAL_ERROR)
+    # no verdict: bad input, a suite bug, no check selected, or Ctrl-C (a partial run
+    # certifies nothing, so it leaves no report either)
+    bad_input = exitstatus in (pytest.ExitCode.USAGE_ERROR, pytest.ExitCode.INTERNAL_ERROR,
+                               pytest.ExitCode.NO_TESTS_COLLECTED, pytest.ExitCode.INTERRUPTED)
     if bad_input or not (state.conformance_run or state.report_dir):
         if partial is not None:
             partial.unlink(missing_ok=True)

@@ -71,15 +71,23 @@ def _load(path: str, builtin: bool) -> type:
     except ModuleNotFoundError as e:
         missing = e.name or ""
         if module_name == missing or module_name.startswith(missing + "."):
-            if builtin:
-                raise EngineUnavailable(f"the adapter module {module_name} is not in this "
-                                        f"checkout; update eagle3-conformance") from None
+            if builtin:  # a name --help offers, whose adapter this checkout does not have
+                raise EngineLookupError(
+                    f"engine {path.partition(':')[0].rsplit('.', 1)[-1]!r} has no adapter in this "
+                    f"checkout ({module_name} is missing); use another engine or update "
+                    f"eagle3-conformance") from None
             raise _unknown(path, f"cannot import {module_name} (no module {missing!r}); check the "
                                  f"path or install the package that provides it") from None
+        if not builtin:  # the user's own adapter is broken: their input, not our engine
+            raise EngineLookupError(f"cannot import {module_name}: it needs {missing!r}, which is "
+                                    f"not installed; install it or fix the adapter") from None
         raise EngineUnavailable(f"{module_name} needs {missing!r}, which is not installed; "
                                 f"install the engine (e.g. pip install -e '.[vllm]')") from None
     except Exception as e:  # engines fail at import in many ways (no GPU, ABI clash)
         first = (str(e).strip().splitlines() or [""])[0]
+        if not builtin:
+            raise EngineLookupError(f"cannot import {module_name} ({type(e).__name__}: {first}); "
+                                    f"fix the adapter module") from None
         raise EngineUnavailable(f"importing {module_name} failed here: "
                                 f"{type(e).__name__}: {first}") from None
     obj: Any = module

@@ -431,6 +431,24 @@ def _device(report: dict[str, Any]) -> str:
     return str((report.get("options") or {}).get("device") or "cpu")
 
 
+KEPT_BEGIN = "<!-- kept:"
+KEPT_END = "<!-- /kept -->"
+
+
+def kept_sections(old_text: str) -> str:
+    """The sections of an existing CONFORMANCE.md that no report produces (an engine that
+    cannot run here, checked against its source instead: the SGLang section), between
+    `<!-- kept: NAME -->` and `<!-- /kept -->`; regenerating the table carries them over."""
+    kept, pos = [], 0
+    while (start := old_text.find(KEPT_BEGIN, pos)) >= 0:
+        end = old_text.find(KEPT_END, start)
+        if end < 0:
+            raise ValueError(f"a '{KEPT_BEGIN} ... -->' section has no '{KEPT_END}'")
+        kept.append(old_text[start:end + len(KEPT_END)])
+        pos = end + len(KEPT_END)
+    return "".join(f"\n{k}\n" for k in kept)
+
+
 def render_conformance_table(report_jsons: Sequence[Path]) -> str:
     """docs/CONFORMANCE.md: one section per engine, every check with its result and diagnosis.
 

@@ -36,6 +36,7 @@ class State:
     xfails_path: Path | None = None
     usage_error: str | None = None  # bad input met during collection; stops the run after it
     report: dict[str, Any] | None = None
+    hung: str | None = None  # set when an engine call timed out: later engines are not started
     _bundle: Any = None
 
     def option(self, name: str) -> Any:

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from harness.assertions import batch_leaks, divergence, fail, require
 from harness.engines.base import Capability, Engine
+from harness.finite import assert_finite
 from harness.golden.oracle import Oracle
 from harness.strategies import BatchShape, batch_shapes
 from harness.tolerances import tolerance_for
@@ -32,6 +33,7 @@ def test_capture_batch_invariant(engine: Engine, oracle: Oracle, draft_name: str
     alone = engine.capture([probe]).features[0]
     batch = _batch(oracle, shape, probe)
     inside = engine.capture(batch).features[shape.position]
+    assert_finite("the aux features the engine handed the draft", [alone, inside])
     if inside.shape != alone.shape:
         fail(f"probe prompt {probe} gets {tuple(inside.shape)} draft features at batch position "
              f"{shape.position} of {shape.size}, {tuple(alone.shape)} alone; the engine's "

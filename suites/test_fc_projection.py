@@ -7,6 +7,7 @@ import pytest
 
 from harness.assertions import assert_fc_matches, fail, require
 from harness.engines.base import Capability, Engine
+from harness.finite import assert_finite
 from harness.golden.oracle import Oracle
 from harness.tolerances import tolerance_for
 
@@ -19,6 +20,7 @@ def test_fc_output_matches_training(engine: Engine, oracle: Oracle, draft_name: 
     capture = engine.capture(batch)
     if capture.fc_out is None:
         pytest.skip(f"{engine.name} exposes no fc output for this draft")
+    assert_finite("the engine's fc output", capture.fc_out)
     draft = oracle.draft(draft_name)
     width = draft.fc.in_features
     if {int(f.shape[-1]) for f in capture.features} != {width}:

@@ -99,6 +99,9 @@ def test_throughput_speculative(engine: Engine, oracle: Oracle, draft_name: str,
     _timed(engine, workload(oracle), True, benchmark)
     memo = _memo(engine)
     row = memo["speculative"]
+    acceptance = benchmark.extra_info.get("acceptance_length")
+    if acceptance is not None:
+        report.metric(draft_name, "throughput_acceptance_length", acceptance)
     if row["seconds"]:
         report.metric(draft_name, "speculative_tokens_per_s", round(row["tokens"] / row["seconds"], 2))
         plain = memo.get("plain")

@@ -15,10 +15,18 @@ pytest_plugins = ["pytester"]
 MATMUL = ("vLLM failed during capture: RuntimeError: mat1 and mat2 shapes cannot be multiplied "
           "(7x256 and 384x128)")
 CHECKS = f'''
+import pytest
 from harness.engines.base import EngineCrash
+
+@pytest.fixture
+def loads_badly():
+    raise EngineCrash({MATMUL!r})
 
 def test_crashes(draft_name, bundle):
     raise EngineCrash({MATMUL!r})
+
+def test_crashes_while_built(draft_name, loads_badly):
+    pass
 
 def test_other_error(draft_name):
     raise RuntimeError("not an engine crash")
@@ -35,7 +43,7 @@ def test_the_plugin_diagnoses_a_crash_with_the_drafts_ids(pytester: pytest.Pytes
     out = pytester.path / "out"
     result = pytester.runpytest_subprocess("--draft", "embed-first", "--report-dir", str(out),
                                 "-p", "no:cacheprovider")
-    result.assert_outcomes(failed=2)
+    result.assert_outcomes(failed=2, errors=1)
     checks = {c["id"]: c for c in json.loads((out / "report.json").read_text())["checks"]}
     crashed = checks["test_checks.py::test_crashes[embed-first]"]
     assert [d["kind"] for d in crashed["diagnoses"]] == ["embedding_missing"]
@@ -43,5 +51,7 @@ def test_the_plugin_diagnoses_a_crash_with_the_drafts_ids(pytester: pytest.Pytes
     assert crashed["message"].startswith(MATMUL)
     assert "reproduce: eagle3-conformance run --engine reference --draft embed-first -k test_crashes" \
         in crashed["message"]
+    built = checks["test_checks.py::test_crashes_while_built[embed-first]"]
+    assert built["status"] == "error" and [d["kind"] for d in built["diagnoses"]] == ["embedding_missing"]
     other = checks["test_checks.py::test_other_error[embed-first]"]
     assert other["diagnoses"] == [] and "not an engine crash" in other["message"]

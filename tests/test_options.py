@@ -43,7 +43,8 @@ def test_forward_passes_every_value_on_unchanged() -> None:
 
 
 @pytest.mark.parametrize(("change", "needle"), [
-    ({"num_draft_tokens": 0}, "--num-draft-tokens 0 is not a chain length; pass 1 or more"),
+    ({"num_draft_tokens": 0}, "--num-draft-tokens 0 is out of range; use 1..32"),
+    ({"engine_timeout_scale": -1.0}, "--engine-timeout-scale -1.0 is not a factor"),
     ({"engine": "no such"}, "unknown engine 'no such'"),
     ({"xfails": "/nowhere/x.txt"}, "xfails file /nowhere/x.txt does not exist"),
 ])

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.engines.base import Engine, EngineUnavailable
+from harness.engines.base import Engine
 from harness.engines.reference import ReferenceEngine
 from harness.registry import (
     BUILTIN,
@@ -65,15 +65,17 @@ def test_lookup_errors_are_one_line_with_the_fix(name: str, needle: str) -> None
         assert "reference, vllm, sglang" in text
 
 
-def test_missing_dependency_is_unavailable_not_unknown(outside: Path) -> None:
+def test_user_adapter_missing_dependency_is_bad_input(outside: Path) -> None:
+    """The user's own adapter failing at import is their input to fix (exit 2), not an
+    unavailable engine whose checks skip into a nonconformant verdict (issue #9)."""
     (outside / "vendor_needs_dep.py").write_text("import vendor_engine_runtime_not_installed\n")
-    with pytest.raises(EngineUnavailable, match="vendor_engine_runtime_not_installed"):
+    with pytest.raises(EngineLookupError, match="vendor_engine_runtime_not_installed"):
         resolve_engine("vendor_needs_dep:Engine")
 
 
-def test_engine_that_fails_at_import_is_unavailable(outside: Path) -> None:
+def test_user_adapter_that_fails_at_import_is_bad_input(outside: Path) -> None:
     (outside / "vendor_broken.py").write_text("raise RuntimeError('no CUDA device\\nmore')\n")
-    with pytest.raises(EngineUnavailable, match="RuntimeError: no CUDA device$"):
+    with pytest.raises(EngineLookupError, match=r"RuntimeError: no CUDA device\); fix the adapter"):
         resolve_engine("vendor_broken:Engine")
 
 

@@ -192,11 +192,18 @@ def test_bad_bundle_stops_before_any_check(pytester: pytest.Pytester) -> None:
     assert "Traceback" not in result.stdout.str()
 
 
-def test_engine_unavailable_skips_with_reason(pytester: pytest.Pytester) -> None:
+def test_engine_unavailable_skips_with_reason(pytester: pytest.Pytester,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """A builtin adapter whose engine package is not installed here (vllm on a machine
+    without it): unavailable, its checks skip. (A user's adapter failing at import is bad
+    input instead: tests/test_bad_input_cli.py.)"""
+    from harness import registry
+
+    monkeypatch.setitem(registry.BUILTIN, "vendor", "vendor_adapter:Engine")
     pytester.makepyfile(vendor_adapter="import not_an_installed_engine_pkg\n")
     pytester.makepyfile(test_engine="def test_uses_engine(engine_class):\n    pass\n")
     pytester.syspathinsert()
-    result = pytester.runpytest("--engine", "vendor_adapter:Engine",
+    result = pytester.runpytest("--engine", "vendor",
                                 "--report-dir", str(pytester.path / "out"))
     report = json.loads((pytester.path / "out" / "report.json").read_text())
     assert "not_an_installed_engine_pkg" in report["checks"][0]["message"]

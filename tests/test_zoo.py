@@ -25,6 +25,7 @@ from harness.engines.zoo import MUTANTS, Mutant
 from harness.golden.bundle import BundleError, load_bundle
 from harness.paths import default_bundle_path
 from harness.registry import known_names, resolve_engine
+from harness.timeouts import EngineHang, call_with_deadline
 
 HOOKS = ("capture_boundaries", "take_state", "combine", "project", "draft_step_hidden",
          "map_draft_ids", "rollback", "layer_is_moe")
@@ -32,6 +33,9 @@ HOOKS = ("capture_boundaries", "take_state", "combine", "project", "draft_step_h
 ISSUE = re.compile(r"([\w.-]+/[\w.-]+#\d+|PR #\d+)")
 NEW_TOKENS = 24
 NUM_PROMPTS = 3
+# the reference's capture of 3 prompts takes well under a second, even on a loaded machine; a
+# mutant whose capture never returns is observed to differ (zoo:capture_hangs)
+HANG_S = 15.0
 
 
 @pytest.mark.parametrize("key", sorted(MUTANTS))
@@ -99,6 +103,7 @@ class _Observed:
     def __init__(self, cls: type[ReferenceEngine], draft: str) -> None:
         self.cls, self.draft = cls, draft
         self.error: str | None = None
+        self.hung: str | None = None
         self._capture: Any = None
         self._generation: Any = None
 
@@ -106,8 +111,11 @@ class _Observed:
         engine = _engine(self.cls, self.draft)
         try:
             if what == "capture":
-                return engine.capture(_prompts())
+                return call_with_deadline(engine.capture, (_prompts(),), HANG_S, "capture")
             return engine.generate(_prompts(), NEW_TOKENS, speculative=True)
+        except EngineHang as e:  # observable: the reference returns on the same call
+            self.error = self.hung = str(e)
+            return None
         except RuntimeError as e:
             self.error = str(e).splitlines()[0][:120]
             return None
@@ -140,7 +148,7 @@ def _same(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
 def _capture_differs(key: str, draft: str) -> bool:
     ref, got = _observed(ReferenceEngine, draft), _observed(MUTANTS[key], draft)
     if got.capture is None:
-        return False  # crashed: nothing the suite could diagnose from
+        return got.hung is not None  # hung: differs; crashed: nothing the suite could diagnose
     return not (_same(got.capture.features, ref.capture.features)
                 and _same(got.capture.fc_out, ref.capture.fc_out))
 

@@ -220,7 +220,8 @@ def _message(kind: str, offset: int | None, at: int | None, slots: list[SlotMatc
         elif s.match_fraction < 1 and s.found is not None:
             what += f" on {s.match_fraction:.0%} of tokens"
         parts.append(f"slot {at} is {what}, training used boundary {train[at]} "
-                     f"({short_boundary(train[at], n)})")
+                     f"({short_boundary(train[at], n)})" if at < len(train) else
+                     f"slot {at} is {what}, a slot training never had")
     if len(slots) != len(train):
         missing = [b for b in train if b not in [s.found for s in slots]]
         parts.append(f"the engine handed {len(slots)} slots, training used {len(train)}"

@@ -24,7 +24,9 @@ def relative_errors(x: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
     """Per token (last dim reduced), |x - ref| / |ref| in fp32: the one error measure every
     capture and fc comparison uses. Broadcasts, so x [T, H] against ref [C, T, H] gives [C, T]."""
     ref = ref.float()
-    return (x.float() - ref).norm(dim=-1) / ref.norm(dim=-1).clamp_min(1e-12)
+    err = (x.float() - ref).norm(dim=-1) / ref.norm(dim=-1).clamp_min(1e-12)
+    # NaN > rtol is False: a NaN error must count as the worst error, never as a match
+    return torch.nan_to_num(err, nan=math.inf, posinf=math.inf)
 
 
 def candidates(golden: TargetFeatures) -> tuple[list[Label], torch.Tensor]:

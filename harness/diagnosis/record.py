@@ -11,14 +11,15 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-CRASH_KINDS = ("engine_crash",)
+CRASH_KINDS = ("engine_crash", "hang")
+VALUE_KINDS = ("non_finite",)  # harness.finite
 CAPTURE_KINDS = ("ok", "offset", "embedding_missing", "order_permuted", "final_boundary_normed",
                  "final_boundary_missing", "residual_missing", "stale_or_skipped", "ids_ignored",
                  "unknown")
 DRAFT_SIDE_KINDS = ("fc_skipped", "fc_wrong", "fc_on_recurrent_state", "d2t_absolute",
             "draft_kv_not_rolled_back")
 THROUGHPUT_KINDS = ("speculation_overhead",)
-KINDS = CAPTURE_KINDS + DRAFT_SIDE_KINDS + CRASH_KINDS + THROUGHPUT_KINDS
+KINDS = CAPTURE_KINDS + DRAFT_SIDE_KINDS + CRASH_KINDS + VALUE_KINDS + THROUGHPUT_KINDS
 
 FINAL_NORMED = "final_normed"
 ZERO = "zero"

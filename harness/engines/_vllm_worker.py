@@ -1,49 +1,28 @@
-"""One vLLM engine in a process of its own, driven over a pipe by `harness.engines.vllm`.
+"""One vLLM engine in a process of its own, driven over a pipe by `harness.engines.vllm`
+(the process machinery is `harness.engines._worker`, shared with SGLang).
 
-Why a process: an error inside `LLM.generate` can leave vLLM's in-process engine unusable,
-and a draft the suite is *meant* to break (a dropped aux slot, an id that crashes the target)
-must not take the test session with it. Why in-process *inside* that process
-(`VLLM_ENABLE_V1_MULTIPROCESSING=0`): the probe on the drafter's `combine_hidden_states`
-has to live in the same interpreter as the model runner. Tensors come back through a
-safetensors file, not the pipe, so a large capture never sits in a pickle.
-
-The parent side is `WorkerHandle`; the child side is `serve`. A child that hits an error
-reports it and exits: the parent starts a fresh one on the next call.
+Why in-process *inside* that process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`): the probe on the
+drafter's `combine_hidden_states` has to live in the same interpreter as the model runner.
 """
 
 from __future__ import annotations
 
-import multiprocessing
 import os
-import subprocess
 import sys
 import time
-import traceback
 from collections.abc import Sequence
 from multiprocessing.connection import Connection
-from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
+
+from harness.engines import _worker
+from harness.engines._worker import WorkerError
+
+__all__ = ["KV_CACHE_BYTES", "WorkerError", "WorkerHandle", "serve"]
 
 # Enough KV cache for the suite's prompts on any device. Without it vLLM on CPU reserves a
 # fraction of the NUMA node (and refuses to start when that much is not free), and on a GPU
 # two workers (speculative and plain) could not both take vLLM's default 92%.
 KV_CACHE_BYTES = 512 << 20
-STARTUP_TIMEOUT_S = 900.0
-CALL_TIMEOUT_S = 900.0
-# The worker runs `python -m harness.engines._vllm_worker`; it must find this checkout.
-_PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
-
-
-class WorkerError(RuntimeError):
-    """vLLM failed inside the worker, or the worker died; the message is one line (where the
-    worker died, it quotes the last line of vLLM's own log)."""
-
-
-def _one_line(exc: BaseException) -> str:
-    text = " ".join(str(exc).split())
-    return f"{type(exc).__name__}: {text}"[:600]
-
-
 # --------------------------------------------------------------------------------------
 # child side
 # --------------------------------------------------------------------------------------
@@ -205,128 +184,15 @@ def _request_metrics(completion: Any) -> dict[str, Any] | None:
 
 
 def serve(conn: Connection) -> None:
-    """Child entry point: read the spec, start the engine, answer ops until told to close.
-    Leaves through `os._exit`: vLLM's in-process engine keeps threads that can hold a
-    normal interpreter exit for many seconds, and nothing of this process needs saving."""
-    spec = conn.recv()
-    code = 0
-    try:
-        server = _Server(spec)
-    except BaseException as exc:
-        traceback.print_exc()
-        conn.send(("startup_error", _one_line(exc)))
-        _exit(1)
-    conn.send(("ready", server.info))
-    while True:
-        try:
-            op, args = conn.recv()
-        except EOFError:
-            break
-        if op == "close":
-            break
-        try:
-            conn.send(("ok", getattr(server, op)(*args)))
-        except BaseException as exc:
-            traceback.print_exc()
-            conn.send(("error", _one_line(exc)))
-            code = 1  # the engine's state is unknown now; the parent starts a fresh one
-            break
-    _exit(code)
+    _worker.serve(conn, _Server)
 
 
-def _exit(code: int) -> None:
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+class WorkerHandle(_worker.WorkerHandle):
+    """A started vLLM worker."""
 
-
-# --------------------------------------------------------------------------------------
-# parent side
-# --------------------------------------------------------------------------------------
-
-class WorkerHandle:
-    """A started worker process; `call` forwards one op and waits for its answer.
-
-    A fresh interpreter (`python -m`), not multiprocessing's spawn: spawn re-runs the
-    caller's `__main__`, which an unguarded user script cannot survive."""
-
-    def __init__(self, spec: dict[str, Any]) -> None:
-        self.spec = spec
-        self.log_path = Path(spec["log_path"])
-        self._conn, child = multiprocessing.Pipe()
-        # the spec's env holds defaults: a variable the user set explicitly wins
-        env = {**spec["env"], **os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
-               "PYTHONPATH": os.pathsep.join(filter(None, [_PACKAGE_ROOT, os.environ.get("PYTHONPATH")]))}
-        with open(self.log_path, "ab") as log:
-            # not a daemon: vLLM may start helper processes of its own
-            self._proc = subprocess.Popen(
-                [sys.executable, "-m", "harness.engines._vllm_worker", str(child.fileno())],
-                pass_fds=(child.fileno(),), stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                env=env)
-        child.close()
-        self._conn.send(spec)
-        reply = self._receive(STARTUP_TIMEOUT_S)
-        if reply[0] != "ready":
-            self.stop()
-            raise WorkerError(reply[1])
-        self.info: dict[str, Any] = reply[1]
-
-    def call(self, op: str, *args: Any) -> Any:
-        try:
-            self._conn.send((op, args))
-        except (BrokenPipeError, OSError) as exc:
-            self.stop()
-            raise WorkerError(f"vLLM worker is gone: {_one_line(exc)}") from exc
-        reply = self._receive(CALL_TIMEOUT_S)
-        if reply[0] == "ok":
-            return reply[1]
-        self.stop()
-        raise WorkerError(reply[1])
-
-    def _receive(self, timeout: float) -> tuple[Any, ...]:
-        deadline = time.monotonic() + timeout
-        while not self._conn.poll(1.0):
-            if self._proc.poll() is not None:
-                code = self._proc.returncode
-                self.stop()
-                tail = self.log_tail()
-                last = tail.splitlines()[-1].strip() if tail else ""
-                raise WorkerError(f"vLLM worker died (exit code {code}); its log ends: {last}"[:600])
-            if time.monotonic() > deadline:
-                self.stop()
-                raise WorkerError(f"vLLM worker gave no answer in {timeout:.0f}s")
-        try:
-            return self._conn.recv()
-        except EOFError as exc:
-            self.stop()
-            raise WorkerError("vLLM worker closed the pipe") from exc
-
-    def log_tail(self, lines: int = 25) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return ""
-
-    @property
-    def alive(self) -> bool:
-        return self._proc.poll() is None
-
-    def stop(self) -> None:
-        """Ask politely, then insist: a wedged engine must not outlive the test session."""
-        if self._proc.poll() is None:
-            try:
-                self._conn.send(("close", ()))
-            except (BrokenPipeError, OSError):
-                pass
-            for signal_step in (None, self._proc.terminate, self._proc.kill):
-                if signal_step is not None:
-                    signal_step()
-                try:
-                    self._proc.wait(10)
-                    break
-                except subprocess.TimeoutExpired:
-                    continue
-        self._conn.close()
+    module: ClassVar[str] = "harness.engines._vllm_worker"
+    label: ClassVar[str] = "vLLM"
+    forced_env: ClassVar[dict[str, str]] = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
 
 
 if __name__ == "__main__":

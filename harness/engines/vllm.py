@@ -28,45 +28,23 @@ CPU the checks measure the EAGLE-3 wiring and not a CPU kernel bug:
 
 from __future__ import annotations
 
-import atexit
 import importlib.metadata
 import importlib.util
-import re
-import shutil
-import tempfile
-import weakref
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
-from safetensors.torch import load_file
-
-from harness.engines._vllm_worker import WorkerError, WorkerHandle
+from harness.engines._vllm_worker import WorkerHandle
+from harness.engines._worker_engine import WorkerEngine, acceptance_from_histogram
 from harness.engines.base import (
     Acceptance,
-    Capability,
-    Capture,
-    Engine,
     EngineCrash,
     EngineOptions,
     EngineUnavailable,
     Generation,
 )
 
-# Target-only engines do not depend on the draft: one per target and options serves every
-# VllmEngine of the session, instead of a fresh start-up per draft.
-_PLAIN: dict[tuple[Any, ...], WorkerHandle] = {}
-
-
-def shutdown() -> None:
-    """Stop the shared target-only workers (also run at exit); the next engine starts anew."""
-    for handle in _PLAIN.values():
-        handle.stop()
-        shutil.rmtree(handle.log_path.parent, ignore_errors=True)
-    _PLAIN.clear()
-
-
-atexit.register(shutdown)
+__all__ = ["EngineCrash", "VllmEngine", "shutdown"]
 
 
 def _vllm_distribution() -> tuple[str, str] | None:
@@ -83,12 +61,11 @@ def _vllm_distribution() -> tuple[str, str] | None:
     return "vllm", "unknown"
 
 
-class VllmEngine(Engine):
+class VllmEngine(WorkerEngine):
     name: ClassVar[str] = "vllm"
-    capabilities: ClassVar[frozenset[Capability]] = frozenset(
-        {Capability.CAPTURE, Capability.FC_PROBE, Capability.GENERATE, Capability.THROUGHPUT})
+    label: ClassVar[str] = "vLLM"
+    handle_cls: ClassVar[type[WorkerHandle]] = WorkerHandle
     convention: ClassVar[str | None] = "vllm"
-    default_dtype: ClassVar[str] = "bfloat16"
 
     def __init__(self, target_dir: Path, draft_dir: Path, options: EngineOptions) -> None:
         super().__init__(target_dir, draft_dir, options)
@@ -99,14 +76,6 @@ class VllmEngine(Engine):
             raise EngineUnavailable("tree drafting (tree_topk > 1) is not wired in the vLLM "
                                     "adapter; vLLM's EAGLE-3 path here is a chain")
         self._dist = dist
-        self._scratch = Path(tempfile.mkdtemp(prefix="eagle3-vllm-"))
-        self._spec_worker: dict[str, WorkerHandle] = {}
-        # A draft that crashes vLLM usually crashes it on every call (an id matching no
-        # layer); a fresh worker per call would cost a start-up per Hypothesis example. So
-        # the same failure twice in a row (numbers aside), or any start-up failure, is final.
-        self._last_failure: str | None = None
-        self._final_failure: str | None = None
-        self._finalizer = weakref.finalize(self, _release, self._spec_worker, self._scratch)
         self._plain()  # proves vLLM starts on this machine, or says why not (skip)
 
     # -- protocol ---------------------------------------------------------------------------
@@ -115,20 +84,11 @@ class VllmEngine(Engine):
         device = "cpu" if self.options.device == "cpu" else "cuda"
         return f"{self._dist[1]}+{device}"
 
-    def capture(self, prompts: Sequence[Sequence[int]]) -> Capture:
-        out = self._scratch / "capture.safetensors"
-        try:
-            self._call_spec("capture", [list(p) for p in prompts], str(out))
-            return _read_capture(out)
-        finally:
-            out.unlink(missing_ok=True)
-
     def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int,
                  speculative: bool) -> Generation:
-        batch = [list(p) for p in prompts]
         if not speculative:
-            return Generation(tokens=self._call(self._plain(), "generate", batch,
-                                                max_new_tokens)["tokens"])
+            return self._generate_plain(prompts, max_new_tokens)
+        batch = [list(p) for p in prompts]
         result = self._call_spec("generate", batch, max_new_tokens)
         k = self.options.num_draft_tokens
         totals = result["acceptance"]
@@ -141,11 +101,9 @@ class VllmEngine(Engine):
         complete = all(m is not None for m in per_request)
         return Generation(
             tokens=result["tokens"], acceptance=acceptance,
-            per_prompt_acceptance=[_from_histogram(m, k) for m in per_request] if complete else None,
+            per_prompt_acceptance=[acceptance_from_histogram(m["histogram"], m["num_draft_tokens"], k)
+                                   for m in per_request] if complete else None,
             traces=[list(m["per_step_accepted"]) for m in per_request] if complete else None)
-
-    def close(self) -> None:
-        self._finalizer()
 
     def info(self) -> dict[str, Any]:
         """The CPU workarounds this run applied (module docstring) and, once the speculative
@@ -173,75 +131,7 @@ class VllmEngine(Engine):
             if cpu else {},
         }
 
-    def _plain(self) -> WorkerHandle:
-        key = (str(self.target_dir.resolve()), self.options.dtype, self.options.device,
-               self.options.seed, self.options.max_model_len)
-        handle = _PLAIN.get(key)
-        if handle is None or not handle.alive:
-            scratch = Path(tempfile.mkdtemp(prefix="eagle3-vllm-plain-"))
-            try:
-                handle = WorkerHandle(self._spec_for(False, scratch))
-            except WorkerError as e:
-                raise EngineUnavailable(f"vLLM cannot serve the target here: {e}") from None
-            _PLAIN[key] = handle
-        return handle
 
-    def _spec(self) -> WorkerHandle:
-        handle = self._spec_worker.get("spec")
-        if handle is None or not handle.alive:
-            try:
-                handle = WorkerHandle(self._spec_for(True, self._scratch))
-            except WorkerError as e:
-                # the target alone starts (checked in __init__), so this is the draft's doing
-                self._final_failure = f"vLLM could not start with this EAGLE-3 draft: {e}"
-                raise EngineCrash(self._final_failure) from None
-            self._spec_worker["spec"] = handle
-        return handle
-
-    def _call_spec(self, op: str, *args: Any) -> Any:
-        if self._final_failure:
-            raise EngineCrash(f"{self._final_failure} (the same failure as before; the "
-                              f"worker is not restarted for this draft again)")
-        try:
-            result = self._call(self._spec(), op, *args)
-        except EngineCrash as crash:
-            cause = re.sub(r"\d+", "#", str(crash).split(": ", 1)[-1])
-            if cause == self._last_failure:
-                self._final_failure = str(crash)
-            self._last_failure = cause
-            raise
-        self._last_failure = None
-        return result
-
-    @staticmethod
-    def _call(handle: WorkerHandle, op: str, *args: Any) -> Any:
-        try:
-            return handle.call(op, *args)
-        except WorkerError as e:
-            raise EngineCrash(f"vLLM failed during {op}: {e}") from None
-
-
-def _read_capture(path: Path) -> Capture:
-    """fc_out only where every prompt has it (a crashed capture has features alone)."""
-    tensors = load_file(str(path))
-    count = sum(1 for name in tensors if name.startswith("features."))
-    features = [tensors[f"features.{i}"] for i in range(count)]
-    fc_out = [tensors[f"fc_out.{i}"] for i in range(count) if f"fc_out.{i}" in tensors]
-    return Capture(features=features, fc_out=fc_out if len(fc_out) == count else None)
-
-
-def _from_histogram(metrics: dict[str, Any], k: int) -> Acceptance:
-    """vLLM's per-request histogram (steps that accepted j drafts) in counter form: a chain
-    accepting j drafts accepted every position below j."""
-    hist = metrics["histogram"]
-    return Acceptance(
-        num_drafts=sum(hist), num_draft_tokens=metrics["num_draft_tokens"],
-        num_accepted_tokens=sum(j * n for j, n in enumerate(hist)),
-        accepted_per_pos=[sum(n for j, n in enumerate(hist) if j > p) for p in range(k)])
-
-
-def _release(workers: dict[str, WorkerHandle], scratch: Path) -> None:
-    for handle in workers.values():
-        handle.stop()
-    workers.clear()
-    shutil.rmtree(scratch, ignore_errors=True)
+def shutdown() -> None:
+    """Stop the shared target-only vLLM workers; the next engine starts anew."""
+    VllmEngine.stop_shared()

@@ -17,6 +17,7 @@ Resolved by `harness.registry` as `zoo:<key>` with <key> a key of `MUTANTS`.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Sequence
 from typing import ClassVar
@@ -408,3 +409,51 @@ MUTANTS: dict[str, type[Mutant]] = {cls.name.removeprefix("zoo:"): cls for cls i
     ServingLoopStall,
 )}
 
+
+
+# -- engines that misbehave outright: values no training state holds, calls that never return
+
+
+class AuxBufferUnwritten(Mutant):
+    """The fc input read from a buffer the capture never wrote: an engine that preallocates its
+    aux-state buffer with `torch.empty` and whose capture writes to another buffer (a CUDA-graph
+    buffer reference broken by an input-buffer refactor, sgl-project/sglang#21058 after
+    PR #19180) hands the draft whatever that memory held, NaN included. Modelled as NaN in every
+    slot: the one value every tolerance comparison used to let through (`NaN > rtol` is False)."""
+
+    name = "zoo:aux_buffer_unwritten"
+    bug_class = "aux states read from an unwritten buffer: the draft is fed NaN"
+    expected_diagnosis_kind = "non_finite"
+    hook = "combine"
+    issue = "sgl-project/sglang#21058 (hidden-state buffer reference broken by PR #19180)"
+
+    def combine(self, slots: list[torch.Tensor]) -> torch.Tensor:
+        return torch.full_like(torch.cat(slots, dim=-1), float("nan"))
+
+
+class CaptureHangs(Mutant):
+    """A capture that never returns: the engine's forward blocks forever (a verify kernel
+    spinning at 100% with the server never answering, sgl-project/sglang#35822; structured
+    output stuck under EAGLE, sgl-project/sglang#9187). Modelled as a wait on an event that
+    only `close()` sets, so the blocked thread costs no CPU and ends when the suite closes the
+    engine. The suite must fail the check with a `hang` diagnosis and carry on."""
+
+    name = "zoo:capture_hangs"
+    bug_class = "an engine call never returns (the target forward blocks forever)"
+    expected_diagnosis_kind = "hang"
+    hook = "take_state"
+    issue = "sgl-project/sglang#35822; sgl-project/sglang#9187"
+
+    def take_state(self, boundary: int, states: TargetStates) -> torch.Tensor:
+        self._released().wait()
+        return states.inputs[boundary]
+
+    def _released(self) -> threading.Event:
+        return self.__dict__.setdefault("_release", threading.Event())
+
+    def close(self) -> None:
+        self._released().set()
+        super().close()
+
+
+MUTANTS.update({cls.name.removeprefix("zoo:"): cls for cls in (AuxBufferUnwritten, CaptureHangs)})

@@ -8,6 +8,7 @@ it exists so the committed bundle is reproducible and reviewable.
 from __future__ import annotations
 
 import json
+import os
 import platform
 import shutil
 import tempfile
@@ -112,6 +113,9 @@ def build_bundle(out: str | Path, seed: int = 0, size: BuildSize = BUILD_SIZES["
     reductions run in one order (determinism on one machine); 1 also keeps a loaded 2-core
     machine from thrashing. The caller's thread setting is restored afterwards.
     """
+    problem = out_problem(Path(out))
+    if problem:  # before minutes of training, not after
+        raise ValueError(problem)
     before = torch.get_num_threads()
     try:
         return _build(Path(out), seed, size, log, target_from, threads)
@@ -134,7 +138,8 @@ def _build(out: Path, seed: int, size: BuildSize, log: Callable[[str], None],
         tt = train_target(lang, seed, steps=target_steps)
         tt_threads = threads
     log(f"target: final loss {tt.final_loss:.4f}, held-out next-token accuracy {tt.heldout_accuracy:.4f}")
-    tmp = Path(tempfile.mkdtemp(prefix=".golden-", dir=out.parent if out.parent.exists() else None))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".golden-", dir=out.parent))
     try:
         tt.model.save_pretrained(str(tmp / "target"), safe_serialization=True)
         (tmp / "target" / "training.json").write_text(json.dumps(
@@ -215,14 +220,46 @@ def _build(out: Path, seed: int, size: BuildSize, log: Callable[[str], None],
         }
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
         load_bundle(tmp)
+        problem = out_problem(out)  # again: the folder may have changed while we trained
+        if problem:
+            raise ValueError(problem)
         if out.exists():
-            shutil.rmtree(out)
+            shutil.rmtree(out)  # an empty folder or a bundle this builder wrote: nothing else
         shutil.move(str(tmp), str(out))
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     log(f"bundle written to {out}")
     return out
+
+
+def is_built_bundle(folder: Path) -> bool:
+    """A folder this builder wrote: its manifest carries the builder's `build` record and
+    lists every file in it (so replacing it deletes nothing a user put there)."""
+    try:
+        manifest = json.loads((folder / MANIFEST).read_text(encoding="utf-8"))
+        listed = set(manifest["files"]) | {MANIFEST}
+        build = manifest["build"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+    present = {str(p.relative_to(folder)) for p in folder.rglob("*") if not p.is_dir()}
+    return isinstance(build, dict) and present <= listed
+
+
+def out_problem(out: Path) -> str | None:
+    """Why `golden build --out` must not write to `out`, or None. The builder replaces only
+    what it created: nothing, an empty folder, or a bundle it built."""
+    if out.is_symlink() or (out.exists() and not out.is_dir()):
+        return f"--out {out} exists and is not a folder; pass a new or empty folder"
+    if out.is_dir() and any(out.iterdir()) and not is_built_bundle(out):
+        return (f"--out {out} is a non-empty folder that is not a bundle this builder wrote; "
+                f"pass a new or empty folder (nothing is deleted)")
+    parent = out.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir() or not os.access(parent, os.W_OK):
+        return f"--out {out}: cannot create it under {parent}; pass a writable location"
+    return None
 
 
 def _reuse_target(folder: Path, seed: int, steps: int) -> TargetTraining:

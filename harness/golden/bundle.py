@@ -18,6 +18,9 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 
+from harness.config_schema import draft_config_problems, target_config_problems
+from harness.golden.integrity import confined, open_problem
+
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 TENSORS = "tensors.safetensors"
@@ -130,9 +133,15 @@ def load_bundle(path: str | Path, verify_hashes: bool = True) -> Bundle:
     _need(version == FORMAT_VERSION,
           f"bundle format version {version!r} is not supported (this suite reads version "
           f"{FORMAT_VERSION}); rebuild the bundle with this version of eagle3-conformance")
+    _check_manifest_types(manifest, mpath)
     files = manifest["files"]
     _need(isinstance(files, dict) and bool(files), f"{mpath}: 'files' must map every bundle file to its sha256; rebuild the bundle")
     for rel, digest in sorted(files.items()):
+        outside = confined(root, rel)
+        _need(outside is None, f"{mpath}: file {outside}; a manifest may only name files inside "
+                               f"its bundle — restore it or rebuild the bundle")
+        _need(isinstance(digest, str), f"{mpath}: the sha256 of {rel} is {digest!r}, not a hex "
+                                       f"string; rebuild the bundle")
         fpath = root / rel
         _need(fpath.is_file(), f"bundle file {rel} is missing from {root}; "
                                f"restore it (git checkout) or rebuild the bundle")
@@ -141,6 +150,8 @@ def load_bundle(path: str | Path, verify_hashes: bool = True) -> Bundle:
             _need(actual == digest, f"bundle file {rel} fails its sha256 check (manifest "
                                     f"{digest[:12]}…, file {actual[:12]}…); it was modified — "
                                     f"restore it or rebuild the bundle")
+            problem = open_problem(fpath, rel) if rel != TENSORS else None
+            _need(problem is None, f"{problem}; restore it or rebuild the bundle")
     for needed in (TENSORS, f"{manifest['target'].get('folder', 'target')}/config.json"):
         _need(needed in files, f"{mpath}: 'files' does not list {needed}; rebuild the bundle")
     drafts = {}
@@ -158,9 +169,47 @@ def load_bundle(path: str | Path, verify_hashes: bool = True) -> Bundle:
         _need(f"{d['folder']}/config.json" in files and f"{d['folder']}/model.safetensors" in files,
               f"{mpath}: draft {name!r} files are not listed; rebuild the bundle")
     _need(bool(drafts), f"{mpath} lists no drafts; rebuild the bundle")
+    _check_configs(root, manifest, drafts)
     bundle = Bundle(root, manifest, drafts)
     _check_tensors(bundle)
     return bundle
+
+
+def _check_manifest_types(manifest: dict[str, Any], mpath: Path) -> None:
+    """The sections the loader indexes into have the types it indexes them as: a malformed
+    manifest is bad input (one line), not a TypeError deep in the loader."""
+    for key in ("target", "drafts", "prompts", "heldout", "files"):
+        _need(isinstance(manifest[key], dict), f"{mpath}: {key!r} must be a JSON object, not "
+                                               f"{type(manifest[key]).__name__}; restore or rebuild")
+    for section, keys in (("target", ("num_layers", "hidden_size")),
+                          ("prompts", ("count", "max_len", "continuation_len")),
+                          ("heldout", ("prompts", "prompt_len"))):
+        for k in keys:
+            v = manifest[section].get(k)
+            _need(isinstance(v, int) and not isinstance(v, bool) and v >= 1,
+                  f"{mpath}: {section}.{k} is {v!r}, must be a positive integer; restore or rebuild")
+    folder = manifest["target"].get("folder", "target")
+    _need(confined(mpath.parent, folder) is None, f"{mpath}: target folder {folder!r} must be a "
+                                                  f"folder inside the bundle; restore or rebuild")
+    for name, d in manifest["drafts"].items():
+        _need(isinstance(d, dict) and confined(mpath.parent, d.get("folder")) is None,
+              f"{mpath}: draft {name!r} must be an object whose folder is inside the bundle; "
+              f"restore or rebuild")
+
+
+def _check_configs(root: Path, manifest: dict[str, Any], drafts: dict[str, DraftSpec]) -> None:
+    """Draft and target configs typed as the engines read them (see harness.config_schema)."""
+    folder = manifest["target"].get("folder", "target")
+    configs = [(f"{folder}/config.json", target_config_problems)]
+    configs += [(f"{spec.folder}/config.json", draft_config_problems) for spec in drafts.values()]
+    for rel, problems_of in configs:
+        try:
+            cfg = json.loads((root / rel).read_text(encoding="utf-8"))
+        except (OSError, ValueError) as e:
+            raise BundleError(f"bundle file {rel} cannot be read ({e}); restore or rebuild") from None
+        problems = problems_of(cfg)
+        _need(not problems, f"bundle file {rel}: {problems[0][0] if problems else ''} "
+                            f"{problems[0][1] if problems else ''}; restore it or rebuild the bundle")
 
 
 def _check_tensors(bundle: Bundle) -> None:
@@ -194,6 +243,10 @@ def _check_tensors(bundle: Bundle) -> None:
         ok = len(actual) == len(shape) and all(s in (-1, a) for s, a in zip(shape, actual, strict=True))
         _need(ok, f"tensor {key!r} has shape {list(actual)}, the manifest implies "
                   f"{[s if s >= 0 else '*' for s in shape]}; rebuild the bundle")
+    for key in sorted(t):
+        if t[key].is_floating_point() and not bool(torch.isfinite(t[key]).all()):
+            raise BundleError(f"golden tensor {key!r} in {TENSORS} holds NaN or Inf; every "
+                              f"comparison against it would pass — rebuild the bundle")
     lengths = t["prompts.lengths"]
     _need(bool((lengths >= 1).all() and (lengths <= max_len).all()),
           f"prompts.lengths out of range 1..{max_len}; rebuild the bundle")

@@ -1,0 +1,158 @@
+"""Bounds on engine calls: a hung engine ends as a failed check with a `hang` diagnosis, and
+the rest of the suite runs.
+
+Every call of the adapter protocol that runs the engine (`capture`, `generate`, and the
+constructor, which loads the models) runs in a daemon worker thread that the check waits for
+with a deadline. The deadline is scaled to the work: a fixed allowance, plus a per-token
+allowance over the tokens the call must process, plus a start-up allowance on the first
+call of an engine (the vLLM adapter starts its worker processes lazily, on the first call).
+`--engine-timeout-scale` multiplies all of it (0 turns the bounds off).
+
+Why these numbers: the whole suite against vLLM on the 2-core CPU machine, start-up and
+every call included, takes about 4 minutes, so no single call of it takes longer; the first
+call's allowance (60 s + 600 s + 0.5 s per token) is over twice that before any per-token
+allowance, and a later call's 60 s + 0.5 s per token is far beyond what the tiny bundle's
+calls take (milliseconds per token). A slow machine is not mistaken for a hung engine, and a
+hang costs minutes, not forever. Raise the scale on a slower machine or a bigger bundle.
+
+What a timeout can and cannot do: Python cannot kill a thread. An engine that runs in
+worker processes (vLLM) is stopped by closing it (the adapter kills its workers; its worker
+protocol also gives up on a reply after a fixed 900 s, `_vllm_worker.CALL_TIMEOUT_S`). An
+in-process engine (the reference, a zoo mutant, most user adapters) keeps its daemon thread
+spinning until the process exits; the suite marks the engine hung, skips its remaining
+checks with that reason, and the process exits normally at the end (daemon threads do not
+hold it). A hang that holds the GIL in C code without releasing it would block the suite
+too; no in-process watchdog can help there (run such an engine out of process).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import pytest
+
+from harness.diagnosis.record import Diagnosis
+from harness.report import ConformanceFailure
+
+T = TypeVar("T")
+
+HANG = "hang"
+
+
+class EngineHang(Exception):
+    """A bounded call did not return within its deadline (plain data: what, how long)."""
+
+    def __init__(self, call: str, seconds: float, work: int) -> None:
+        super().__init__(f"{call} did not return within {seconds:.1f} s ({work} tokens of work)")
+        self.call, self.seconds, self.work = call, seconds, work
+
+
+@dataclass(frozen=True)
+class CallBudget:
+    """Seconds allowed per engine call; see the module docstring for the derivation."""
+
+    scale: float = 1.0
+    base_s: float = 60.0
+    per_token_s: float = 0.5
+    startup_s: float = 600.0
+
+    @property
+    def enabled(self) -> bool:
+        return self.scale > 0
+
+    def seconds(self, work: int, first: bool) -> float:
+        return self.scale * (self.base_s + self.per_token_s * work + (self.startup_s if first else 0.0))
+
+    def startup(self) -> float:
+        return self.scale * self.startup_s
+
+
+def call_with_deadline(fn: Callable[..., T], args: Sequence[Any], seconds: float | None,
+                       call: str, work: int = 0) -> T:
+    """fn(*args) in a daemon thread; EngineHang if it has not returned after `seconds`.
+    Exceptions of fn are re-raised here, in the caller's thread; Ctrl-C interrupts the wait."""
+    if seconds is None:
+        return fn(*args)
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            box["value"] = fn(*args)
+        except BaseException as e:  # handed to the waiting thread, never lost
+            box["error"] = e
+
+    worker = threading.Thread(target=run, name=f"engine-{call}", daemon=True)
+    worker.start()
+    worker.join(seconds)
+    if worker.is_alive():
+        raise EngineHang(call, seconds, work)
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
+
+
+def hang_diagnosis(engine_name: str, hang: EngineHang) -> Diagnosis:
+    return Diagnosis(
+        kind=HANG, message=(
+            f"engine {engine_name}: {hang}; root cause: hang — the engine stopped making "
+            f"progress (a deadlock, a scheduler waiting for work that never comes, a kernel "
+            f"spinning). Its remaining checks are skipped. If the machine is merely slow, "
+            f"raise --engine-timeout-scale."),
+        engine_boundaries=[], training_boundaries=[], suggested_layer_ids=None,
+        details={"call": hang.call, "seconds": round(hang.seconds, 3), "work_tokens": hang.work})
+
+
+def _tokens(prompts: Sequence[Sequence[int]]) -> int:
+    return sum(len(p) for p in prompts)
+
+
+def _work(method: str, args: Sequence[Any]) -> int:
+    prompts = args[0] if args else ()
+    if method == "generate":
+        new = int(args[1]) if len(args) > 1 else 0
+        return _tokens(prompts) + len(prompts) * new * (2 if (len(args) > 2 and args[2]) else 1)
+    return _tokens(prompts)
+
+
+class BoundedCalls:
+    """Replaces an engine instance's `capture` and `generate` by bounded versions (instance
+    attributes: the class, isinstance and every other attribute stay the engine's own)."""
+
+    METHODS = ("capture", "generate")
+
+    def __init__(self, engine: Any, budget: CallBudget, on_hang: Callable[[str], None]) -> None:
+        self.engine, self.budget, self.on_hang = engine, budget, on_hang
+        self.first = True
+        self.hung: str | None = None
+        for method in self.METHODS:
+            original = getattr(engine, method)
+            setattr(engine, method, self._bounded(method, original))
+
+    def _bounded(self, method: str, original: Callable[..., Any]) -> Callable[..., Any]:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            if self.hung is not None:
+                pytest.skip(self.hung)
+            if kwargs:  # keyword calls are bound positionally, in protocol order
+                names = {"capture": ("prompts",),
+                         "generate": ("prompts", "max_new_tokens", "speculative")}[method]
+                args = (*args, *(kwargs.pop(n) for n in names[len(args):] if n in kwargs))
+            work = _work(method, args)
+            seconds = self.budget.seconds(work, self.first) if self.budget.enabled else None
+            self.first = False
+            try:
+                return call_with_deadline(original, args, seconds, method, work)
+            except EngineHang as hang:
+                diag = hang_diagnosis(getattr(self.engine, "name", "?"), hang)
+                self.hung = f"not run: the engine hung earlier ({hang})"
+                self.on_hang(self.hung)
+                raise ConformanceFailure(diag.message, [diag]) from None
+
+        return call
+
+
+def start_engine(factory: Callable[[], T], budget: CallBudget) -> T:
+    """The engine's constructor under the start-up bound; EngineHang if it never returns."""
+    return call_with_deadline(factory, (), budget.startup() if budget.enabled else None, "start-up")

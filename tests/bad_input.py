@@ -1,0 +1,84 @@
+"""Helpers of the bad-input tests (tests/test_bad_input_*.py): seed a stale report, assert the
+one error line, copy and tamper with a bundle and recompute its hashes (so that only the
+checks beyond the hashes can refuse it)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from harness import cli
+
+STALE = {"summary": {"verdict": "conformant"}, "stale": True}
+REPORT_FILES = ("report.json", "report.md", "report.html", "junit.xml")
+
+
+def seed_stale_report(report_dir: Path) -> Path:
+    """A previous run's report saying "conformant": a refused run must not leave it behind."""
+    report_dir.mkdir(parents=True, exist_ok=True)
+    for name in REPORT_FILES:
+        (report_dir / name).write_text(json.dumps(STALE) if name.endswith(".json") else "stale")
+    (report_dir / "notes.txt").write_text("the user's own file")
+    return report_dir
+
+
+def assert_no_report(report_dir: Path) -> None:
+    left = [n for n in REPORT_FILES if (report_dir / n).exists()]
+    assert not left, f"stale or partial report files remain: {left}"
+    partial = [p.name for p in report_dir.glob(".*") if p.is_file()]
+    assert not partial, f"partial files remain: {partial}"
+    assert (report_dir / "notes.txt").is_file(), "a file that is not a report was deleted"
+
+
+def one_error_line(err: str) -> str:
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, f"expected one error line, got:\n{err}"
+    assert lines[0].startswith("error: ") and "Traceback" not in err, err
+    return lines[0]
+
+
+def refused(argv: list[str], capsys: pytest.CaptureFixture[str], needle: str,
+            report_dir: Path | None = None) -> str:
+    """cli.main(argv) exits 2 with one `error:` line containing `needle`, leaving no report."""
+    capsys.readouterr()
+    code = cli.main(argv)
+    captured = capsys.readouterr()
+    assert code == 2, f"exit {code}, stderr: {captured.err}"
+    line = one_error_line(captured.err)
+    assert needle in line, line
+    if report_dir is not None:
+        assert_no_report(report_dir)
+    return line
+
+
+def rehash(bundle: Path) -> None:
+    """Recompute every listed file's sha256: a tamperer can, so the hashes alone prove nothing."""
+    path = bundle / "manifest.json"
+    manifest = json.loads(path.read_text())
+    if isinstance(manifest.get("files"), dict):
+        for rel in list(manifest["files"]):
+            f = bundle / rel
+            if (isinstance(manifest["files"][rel], str) and f.is_file() and ".." not in rel
+                    and not Path(rel).is_absolute()):
+                manifest["files"][rel] = hashlib.sha256(f.read_bytes()).hexdigest()
+    path.write_text(json.dumps(manifest, indent=2) + "\n")
+
+
+def tampered(src: Path, dest: Path, change: Callable[[Path], Any]) -> Path:
+    """A copy of bundle `src` changed by `change(copy)`, its hashes recomputed."""
+    shutil.copytree(src, dest)
+    change(dest)
+    rehash(dest)
+    return dest
+
+
+def edit_json(path: Path, change: Callable[[dict], Any]) -> None:
+    data = json.loads(path.read_text())
+    change(data)
+    path.write_text(json.dumps(data))
