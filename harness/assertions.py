@@ -316,7 +316,6 @@ def divergence(oracle, prompt: Sequence[int], got: Sequence[int], want: Sequence
         return False, None
     if j >= min(len(got), len(want)):
         return False, f"prompt {list(prompt)}: lengths differ ({len(got)} vs {len(want)} tokens)"
-    tolerance_for(dtype)
     gap, bound = near_tie_bound(oracle, list(prompt) + list(want[:j]), (got[j], want[j]), dtype, device)
     if gap <= bound:
         return True, None

@@ -134,7 +134,7 @@ def classify_tokens(x: torch.Tensor, golden: TargetFeatures, expected: int,
     tiny = 1e-6 * golden.boundaries.norm(dim=-1).mean(0)  # [T]: "zero" at this token's scale
     is_zero = x.float().norm(dim=-1) <= tiny
     own_zero = own.norm(dim=-1) <= tiny
-    undecidable = (r_own >= 1.0) | (r_own > separation * r_alt) & (r_own > floor)
+    undecidable = (r_own >= 1.0) | ((r_own > separation * r_alt) & (r_own > floor))
     clearly_other = d_own >= separation * d_alt
     clearly_own = d_alt >= separation * d_own
     out = []
