@@ -196,6 +196,8 @@ def main() -> int:
                                     "precision_outlier_slot_tokens": tally.outlier_tokens,
                                     "examples": tally.examples,
                                     "seconds": round(time.perf_counter() - t0, 1)}
+        if args.json:  # after every draft, so an interrupted run keeps what it measured
+            args.json.write_text(json.dumps(figures, indent=2) + "\n")
     figures["seconds"] = round(time.perf_counter() - start, 1)
     total = sum(sum(d["false_alarms"].values()) for d in figures["drafts"].values())
     print(f"{total} false alarms in {figures['seconds']} s ({args.dtype} on {args.device})")
