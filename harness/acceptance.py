@@ -11,8 +11,7 @@ from dataclasses import replace
 
 import torch
 
-from harness.assertions import fc_allowances, judge_fc
-from harness.diagnosis.capture import diagnose_capture
+from harness.assertions import ConformanceFailure, assert_capture_matches, fc_allowances, judge_fc
 from harness.diagnosis.draft_side import fc_diagnosis
 from harness.diagnosis.record import Diagnosis
 from harness.engines.base import Acceptance, Capability, Engine, EngineOptions, Generation
@@ -48,12 +47,19 @@ def explain_shortfall(engine: Engine, oracle: Oracle, draft: str, generation: Ge
     prompts = oracle.pinned_prompts
     capture = engine.capture(prompts) if Capability.CAPTURE in engine.capabilities else None
     if capture is not None:
-        diag = diagnose_capture(capture.features, [oracle.features(p) for p in prompts],
-                                spec.boundaries, engine_convention=engine.convention,
-                                config_ids=spec.layer_ids, rtol=rtol,
-                                separation=tol.separation)
-        if diag.kind != "ok":
-            return diag
+        # judged as the capture check judges it (in reduced precision: identity and the
+        # same-dtype noise floor), so precision noise is never blamed for the shortfall
+        dtype, device = engine.options.dtype, engine.options.device
+        try:
+            assert_capture_matches(
+                features=capture.features, golden=[oracle.features(p) for p in prompts],
+                training_boundaries=spec.boundaries, dtype=dtype, engine_name=engine.name,
+                engine_convention=engine.convention, config_ids=spec.layer_ids, draft=draft,
+                prompts=prompts, check="explain_shortfall",
+                noise=None if tol.strict else [oracle.reference_features(p, dtype, device) for p in prompts])
+        except ConformanceFailure as failed:
+            if failed.diagnoses:
+                return failed.diagnoses[0]
     draft_model = oracle.draft(draft)
     if generation.proposed is not None:
         outside = [t for row in generation.proposed for t in row if not bool(draft_model.t2d[t])]
