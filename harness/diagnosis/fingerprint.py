@@ -38,14 +38,17 @@ def candidates(golden: TargetFeatures) -> tuple[list[Label], torch.Tensor]:
     return labels, states
 
 
-def _identified(err: torch.Tensor, labels: list[Label], separation: float) -> list[Label]:
+def _identified(err: torch.Tensor, labels: list[Label], separation: float,
+                expected: int | None) -> list[Label]:
     """Per token, the label the state is identified as beyond rtol (nearest candidate, every
-    other `separation` times farther, nearer than zero), else None; none at all in fp32."""
+    other `separation` times farther, nearer than zero), else None; none at all in fp32. A
+    token nearest its own expected boundary (and nearer than zero) keeps that label even
+    unseparated: precision made it ambiguous, which is no evidence of a skipped capture."""
     if separation <= 0:
         return [None] * err.shape[1]
     two = err.topk(2, dim=0, largest=False)
     best, second, idx = two.values[0], two.values[1], two.indices[0]
-    return [labels[int(i)] if b < 1.0 and s >= separation * b else None
+    return [labels[int(i)] if b < 1.0 and (s >= separation * b or labels[int(i)] == expected) else None
             for i, b, s in zip(idx, best, second, strict=True)]
 
 
@@ -61,7 +64,7 @@ def _match_slot(slot: int, chunks: list[torch.Tensor], golden: Sequence[TargetFe
         tiny = 1e-6 * gold.boundaries.norm(dim=-1).mean(0)  # [T]: "zero" at this token's scale
         is_zero = x_norm <= tiny
         best_err, best = err.min(dim=0)
-        identified = _identified(err, labels, separation)
+        identified = _identified(err, labels, separation, expected)
         for t in range(x.shape[0]):
             if best_err[t] <= rtol:  # before the zero test: a pad token's embedding is zero
                 counts[labels[int(best[t])]] += 1
