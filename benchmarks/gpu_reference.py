@@ -64,7 +64,7 @@ def main() -> None:
             exact = excused = 0
             failures = []
             for p, s, g in zip(prompts, spec.tokens, plain.tokens, strict=True):
-                tie, failure = divergence(oracle, p, s, g, args.dtype)
+                tie, failure = divergence(oracle, p, s, g, args.dtype, args.device)
                 exact += s == g
                 excused += tie
                 if failure:

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from harness.options import (
+    RUN_OPTIONS,
     OptionError,
     add_run_options,
     bundle_path,
@@ -157,12 +158,14 @@ def _mutant_field(entry: Any, name: str, attr: str) -> str | None:
     return None if attr != "name" else name
 
 
-def _run_engine(engine: str, bundle: Path, out: Path, profile: str, extra: Sequence[str]) -> int:
+def _run_engine(engine: str, bundle: Path, out: Path, profile: str, extra: Sequence[str],
+                run_flags: Sequence[str] = ()) -> int:
     """One suite run in a fresh interpreter: a mutant that crashes, leaks threads or poisons a
-    module-level cache cannot affect the next one."""
+    module-level cache cannot affect the next one. run_flags: run options forwarded as given
+    (--dtype, --device)."""
     out.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "-m", "harness.cli", "run", "--engine", engine, "--bundle", str(bundle),
-           "--report-dir", str(out), "--profile", profile,
+           "--report-dir", str(out), "--profile", profile, *run_flags,
            # mutants are the in-process reference on a tiny bundle: calls take seconds at most,
            # so a tenth of the default deadlines catches zoo:capture_hangs in about a minute
            *(["--engine-timeout-scale", "0.1"] if engine.startswith("zoo:") else []),
@@ -187,13 +190,17 @@ def cmd_selftest(a: argparse.Namespace, extra: Sequence[str]) -> int:
     root = _report_dir(Path(a.report_dir))
     if a.jobs < 1:
         raise CliError(f"--jobs {a.jobs} is not a process count; pass 1 or more")
+    # every run, control and mutants, in the same dtype and on the same device: a mutant must
+    # stay caught, with its diagnosis, where the judgement is the reduced-precision one
+    flags = forward({"dtype": a.dtype, "device": a.device})
     runs = ([] if a.no_control else [("reference", root / "control")]) + [
         (f"zoo:{name}", root / "mutants" / _safe(name)) for name in names]
     # each run is its own interpreter with one torch thread (suites/conftest.py), so `jobs`
     # runs side by side use `jobs` cores; the exit codes are read back in the runs' order
     with ThreadPoolExecutor(max_workers=a.jobs) as pool:
         codes = dict(zip((engine for engine, _ in runs), pool.map(
-            lambda run: _run_engine(run[0], bundle, run[1], a.profile, extra), runs), strict=True))
+            lambda run: _run_engine(run[0], bundle, run[1], a.profile, extra, flags), runs),
+            strict=True))
     control = None
     if not a.no_control:
         code = codes["reference"]
@@ -242,7 +249,7 @@ def cmd_selftest(a: argparse.Namespace, extra: Sequence[str]) -> int:
     ok = (mutation_score == 1.0 and diagnosis_score == 1.0
           and (control is None or control["verdict"] == "conformant"))
     summary = {"format_version": 1, "bundle": str(bundle.resolve()), "profile": a.profile,
-               "control": control, "mutants": results, "total": total,
+               "dtype": a.dtype, "device": a.device, "control": control, "mutants": results, "total": total,
                "caught": sum(r["caught"] for r in results),
                "mutation_score": mutation_score, "diagnosis_score": diagnosis_score, "passed": ok}
     write_atomic(root / "selftest.json", json.dumps(summary, indent=2) + "\n")
@@ -345,6 +352,10 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--bundle")
     st.add_argument("--profile", choices=("dev", "ci", "nightly"), default="ci")
     st.add_argument("--mutant", action="append", help="only this mutant (repeatable)")
+    for flag in ("--dtype", "--device"):
+        opt = next(o for o in RUN_OPTIONS if o.flag == flag)
+        st.add_argument(flag, dest=opt.dest, **{**opt.argparse_kwargs(),
+                                                "help": opt.help + "; forwarded to every run"})
     st.add_argument("--no-control", action="store_true",
                     help="skip the control run that the reference engine must pass")
     st.add_argument("--jobs", type=int, default=1, metavar="N",

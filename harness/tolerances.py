@@ -22,23 +22,35 @@ class UnknownDtypeError(ValueError):
 
 @dataclass(frozen=True)
 class Tolerance:
-    """The bounds for one engine dtype; each field's reason is `REASONS[field]`."""
+    """The bounds for one engine dtype; each field's reason is `REASONS[field]`.
 
-    rtol: float  # per-token relative L2 error of a state (capture, fc, batch invariance)
-    outlier_budget: float  # share of tokens per slot allowed beyond rtol
-    routing_noise: float  # fp32 router margin under which a token's routing is a near-tie
-    near_tie: float  # fp32 top-2 logit gap under which a flipped greedy token is excused
-    trace: float  # relative gap of mean acceptance length to the golden simulated trace
+    fp32 is judged strictly (`noise_factor == 0`): every token within `rtol` of the fp32
+    reference. A reduced dtype is judged by what a wiring bug is, not by a per-token error
+    bound that precision noise crosses: each token is identified among the golden states
+    (`separation`), and its error is measured against the noise floor of the reference
+    computation in the same dtype on the same device (`noise_factor`)."""
+
+    rtol: float  # fp32: per-token bound; reduced: the diagnosis' "matches within tolerance" label
+    unit: float  # unit roundoff of the dtype (rounding a logit costs up to unit * |logit|)
+    noise_factor: float  # engine error allowed per token, in multiples of the same-dtype reference's
+    separation: float  # nearest golden state must be this many times nearer than any other
+    near_tie: float  # fp32 top-2 logit gap under which a flipped greedy token is always excused
+    trace: float  # relative gap of mean acceptance length to the golden (or same-dtype) trace
     prediction_margin: float  # how far held-out acceptance may fall below training's prediction
+
+    @property
+    def strict(self) -> bool:
+        """fp32: no noise floor, no identity; every token within rtol."""
+        return self.noise_factor == 0
 
 
 TOLERANCES: dict[str, Tolerance] = {
-    "float32": Tolerance(rtol=1e-3, outlier_budget=0.0, routing_noise=0.0, near_tie=1e-3,
-                         trace=0.02, prediction_margin=0.10),
-    "bfloat16": Tolerance(rtol=5e-2, outlier_budget=0.03, routing_noise=1e-2, near_tie=0.25,
-                          trace=0.15, prediction_margin=0.20),
-    "float16": Tolerance(rtol=2e-2, outlier_budget=0.03, routing_noise=1.25e-3, near_tie=0.1,
-                         trace=0.15, prediction_margin=0.20),
+    "float32": Tolerance(rtol=1e-3, unit=2.0 ** -24, noise_factor=0.0, separation=0.0,
+                         near_tie=1e-3, trace=0.02, prediction_margin=0.10),
+    "bfloat16": Tolerance(rtol=5e-2, unit=2.0 ** -8, noise_factor=2.0, separation=2.0,
+                          near_tie=1e-3, trace=0.02, prediction_margin=0.20),
+    "float16": Tolerance(rtol=2e-2, unit=2.0 ** -11, noise_factor=2.0, separation=2.0,
+                         near_tie=1e-3, trace=0.02, prediction_margin=0.20),
 }
 
 # The dtypes an engine may be run in: exactly those with derived bounds.
@@ -46,24 +58,42 @@ DTYPES: tuple[str, ...] = tuple(TOLERANCES)
 
 REASONS: dict[str, str] = {
     "rtol": (
-        "loose enough for an engine computing the whole target in that dtype (fp32: summation "
-        "order only), far below the distance between adjacent boundaries (> 0.3 relative on "
-        "the tiny target), so a wrong boundary can never pass"),
-    "outlier_budget": (
-        "bf16/fp16 rounding flips MoE routing near ties at a few tokens (an H200 run: 4-5 of "
-        "265 tokens, relative error up to 0.4) while a wiring bug moves whole slots or "
-        "positions; fp32 allows none"),
-    "routing_noise": (
-        "score units of harness.models.target.routing_margins: bf16 hidden states carry ~1% "
-        "relative error by the middle layers, which moves sigmoid router scores by up to "
-        "~5e-3; the bound is twice that, fp16 has 3 more mantissa bits, fp32 excuses nothing "
-        "(an H200 run: prompt [18] routes with margin 1.7e-3 at layer 1 and bf16 flipped it)"),
+        "fp32: loose enough for summation order only, far below the distance between adjacent "
+        "boundaries (> 0.3 relative on the tiny target), so a wrong boundary can never pass. "
+        "bf16/fp16: no longer a pass/fail bound (precision noise crosses any fixed per-token "
+        "bound at depth: 0.21 median at b = 61 of a DeepSeek-V3-shaped target, above the "
+        "0.13 between adjacent boundaries there); only the diagnosis' label 'matches within "
+        "tolerance', about 10 (bf16) / 80 (fp16) unit roundoffs, the error a handful of "
+        "layers of rounding leaves"),
+    "unit": (
+        "the dtype's unit roundoff 2^-(mantissa bits + 1): rounding a value to the dtype moves "
+        "it by at most unit * |value|; bounds the logit noise a near-tie may be flipped by "
+        "even where the same-dtype reference happens to round exactly"),
+    "noise_factor": (
+        "an engine's per-token error is judged against the same-dtype, same-device "
+        "reference's error at that token and slot (and that slot's median, whichever is "
+        "larger): two computations in one dtype carry rounding of the same size but not the "
+        "same rounding, and independent errors of equal size differ by up to their sum, so "
+        "twice the reference's error; beyond it a token must still be identified (separation). "
+        "fp32 has no noise floor: 0 means strict"),
+    "separation": (
+        "a token is identified as the golden state it is nearest to when every other candidate "
+        "(boundary, post-norm state, MLP output without residual) is at least this many times "
+        "farther; 2 is what the triangle inequality guarantees a state within a third of the "
+        "adjacent-boundary distance of its own boundary (d_own <= D/3 gives d_other >= 2D/3), "
+        "and below the min separation 1.96 an H200 bf16 run measured at 61 layers a token is "
+        "reported ambiguous, not failed; a token clearly nearer another state (by the same "
+        "factor), zero, or no nearer its boundary than zero is (relative error >= 1) is a "
+        "wiring bug"),
     "near_tie": (
-        "a greedy token may flip only where the fp32 target's best two logits are this close; "
-        "bf16 logits of the tiny target move by ~0.1, fp16 by less, fp32 by summation order"),
+        "fp32: a greedy token may flip only where the fp32 target's best two logits are this "
+        "close (summation order). Reduced precision adds the measured noise of the same-dtype "
+        "reference's logits at that position (noise_factor times |d top1| + |d top2|, the most "
+        "the gap can move) and the rounding of the logits themselves (2 * unit * |logit|)"),
     "trace": (
-        "fp32 engines recompute the same greedy trace (only summation order differs); reduced "
-        "precision flips near-ties in target and draft, which moves a few rounds"),
+        "fp32 engines recompute the same greedy trace (only summation order differs). Reduced "
+        "precision flips near-ties in target and draft, which moves a few rounds: the bound "
+        "adds noise_factor times the same-dtype reference's own gap to the golden trace"),
     "prediction_margin": (
         "the prediction from training's per-step accuracy assumes independent steps, so it is "
         "an estimate, not a bound; reduced precision adds its near-tie flips on top"),
@@ -94,11 +124,11 @@ def tolerance_text(dtype: Any, num_layers: int) -> str:
     """The capture bounds in words, for a failure message."""
     name = dtype_name(dtype)
     tol = tolerance_for(name)
-    if tol.outlier_budget == 0 and tol.routing_noise == 0:
+    if tol.strict:
         return (f"per-token relative L2 error <= {tol.rtol:g} on every token (fp32 engines "
                 f"match the fp32 training reference up to summation order)")
-    return (f"per-token relative L2 error <= {tol.rtol:g}; a token whose fp32 router margin "
-            f"before that boundary is <= {tol.routing_noise:g} is excused ({name} may flip a "
-            f"near-tie routing); of the rest up to {tol.outlier_budget:.0%} of tokens per slot "
-            f"beyond it, whole-slot error <= {tol.rtol:g} ({name} rounding through "
-            f"{num_layers} layers)")
+    return (f"each token identified as its training boundary: nearest golden state with every "
+            f"other candidate >= {tol.separation:g}x farther, error within {tol.noise_factor:g}x "
+            f"the {name} reference's own error at that token (same device, {num_layers} layers); "
+            f"a wiring bug is a token clearly nearer another state, zero, or no nearer its "
+            f"boundary than zero")

@@ -11,6 +11,7 @@ from harness.acceptance import (
     explain_shortfall,
     golden_traces,
     heldout_prompts,
+    same_dtype_acceptance,
 )
 from harness.assertions import fail, require
 from harness.engines.base import Acceptance, Capability, Engine, Generation
@@ -57,13 +58,19 @@ def test_acceptance_matches_golden_trace(engine: Engine, oracle: Oracle, draft_n
                  f"pinned prompts (fp32 must match exactly); first: prompt {i} round {r}: engine "
                  f"{gen.traces[i][:r + 1]} vs golden {golden[i][:r + 1]}. {diag.message}",
                  draft=draft_name, engine_name=engine.name, prompts=[prompts[i]], diagnoses=[diag])
-    tol = tolerance_for(engine.options.dtype).trace
+    tol = tolerance_for(engine.options.dtype)
     gap = abs(measured.mean_acceptance_length - expected.mean_acceptance_length)
-    if gap > tol * expected.mean_acceptance_length:
+    allowed = tol.trace * expected.mean_acceptance_length
+    if gap > allowed and not tol.strict:
+        # reduced precision: plus what this dtype moves the reference's own trace on this device
+        own = same_dtype_acceptance(oracle, draft_name, engine.options, prompts, _new_tokens(oracle))
+        allowed += tol.noise_factor * abs(own - expected.mean_acceptance_length)
+        report.metric(draft_name, "same_dtype_reference_acceptance_length", round(own, 4))
+    if gap > allowed:
         diag = explain_shortfall(engine, oracle, draft_name, gen, golden)
         fail(f"mean acceptance length {measured.mean_acceptance_length:.3f} vs golden simulated "
-             f"{expected.mean_acceptance_length:.3f} on the pinned prompts (k={k}; tolerance "
-             f"±{tol:.0%} for {engine.options.dtype}); per-position acceptance "
+             f"{expected.mean_acceptance_length:.3f} on the pinned prompts (k={k}; allowed gap "
+             f"{allowed:.3f} for {engine.options.dtype}); per-position acceptance "
              f"{[round(r, 2) for r in measured.per_position_rate]} vs golden "
              f"{[round(r, 2) for r in expected.per_position_rate]}. {diag.message}",
              draft=draft_name, engine_name=engine.name, prompts=prompts, diagnoses=[diag])

@@ -18,11 +18,14 @@ def _check(engine: Engine, oracle: Oracle, spec: DraftSpec, draft_name: str,
     capture = engine.capture(batch)
     diag = assert_capture_matches_oracle(
         features=capture.features, oracle=oracle, prompts=batch, dtype=engine.options.dtype,
+        device=engine.options.device,
         training_boundaries=spec.boundaries, engine_name=engine.name,
         engine_convention=engine.convention, config_ids=spec.layer_ids, draft=draft_name, check=check)
     if report is not None:
         report.metric(draft_name, "capture_worst_rel_error",
                       max((s.rel_error for s in diag.slots), default=0.0))
+        if "precision" in diag.details:  # tokens precision made ambiguous, reported as such
+            report.metric(draft_name, "capture_precision", diag.details["precision"])
 
 
 def test_capture_pinned_prompts(engine: Engine, oracle: Oracle, spec: DraftSpec, draft_name: str,

@@ -9,6 +9,7 @@ from harness.assertions import assert_fc_matches, fail, require
 from harness.engines.base import Capability, Engine
 from harness.finite import assert_finite
 from harness.golden.oracle import Oracle
+from harness.tolerances import tolerance_for
 
 
 def test_fc_output_matches_training(engine: Engine, oracle: Oracle, draft_name: str) -> None:
@@ -30,4 +31,7 @@ def test_fc_output_matches_training(engine: Engine, oracle: Oracle, draft_name: 
                       expected=[oracle.fc(draft_name, f) for f in capture.features],
                       dtype=engine.options.dtype, draft_hidden=draft.cfg.hidden_size,
                       norm_before_fc=draft.cfg.norm_before_fc, fc_norm=draft.cfg.fc_norm,
-                      engine_name=engine.name, draft=draft_name, prompts=batch)
+                      engine_name=engine.name, draft=draft_name, prompts=batch,
+                      same_dtype=None if tolerance_for(engine.options.dtype).strict else
+                      [oracle.reference_fc(draft_name, f, engine.options.dtype, engine.options.device)
+                       for f in capture.features])

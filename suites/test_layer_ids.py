@@ -176,6 +176,7 @@ class ServedDrafts:
         try:
             diag = assert_capture_matches_oracle(
                 features=out.features, oracle=self.oracle, prompts=batch, dtype=self.options.dtype,
+                device=self.options.device,
                 training_boundaries=list(trained), engine_name=self.engine_class.name,
                 engine_convention=self.engine_class.convention, config_ids=ids,
                 draft=f"ids {list(ids)} ({layout})", check=check)
@@ -248,7 +249,7 @@ def test_suggested_fix_verified(engine: Engine, oracle: Oracle, spec: DraftSpec,
         capture = engine.capture(batch)
         diag = assert_capture_matches_oracle(
             features=capture.features, oracle=oracle, prompts=batch, dtype=engine.options.dtype,
-            training_boundaries=spec.boundaries, engine_name=engine.name,
+            device=engine.options.device, training_boundaries=spec.boundaries, engine_name=engine.name,
             engine_convention=engine.convention, config_ids=spec.layer_ids, draft=draft_name,
             check=check)
     except ConformanceFailure as failure:

@@ -20,7 +20,7 @@ def assert_lossless(engine: Engine, oracle: Oracle, batch: list[list[int]], new_
     plain = generate(engine, batch, new_tokens, False)
     excused, failures = 0, []
     for prompt, s, p in zip(batch, spec.tokens, plain.tokens, strict=True):
-        tie, failure = divergence(oracle, prompt, s, p, engine.options.dtype)
+        tie, failure = divergence(oracle, prompt, s, p, engine.options.dtype, engine.options.device)
         excused += tie
         if failure:
             failures.append(failure + " (with vs without speculation)")

@@ -150,7 +150,7 @@ def diagnose_capture(
     engine_convention: str | Convention | None = None,
     config_ids: Sequence[int] | None = None,
     rtol: float = rtol_for("float32"),
-    outlier_budget: float = 0.0,
+    separation: float = 0.0,
 ) -> Diagnosis:
     """Name the root cause of an aux-feature mismatch.
 
@@ -158,15 +158,14 @@ def diagnose_capture(
     golden: the fp32 training-time features of the same prompts; training_boundaries: the
     boundaries training put in each slot; engine_convention: a key of CONVENTIONS or an
     adapter's own Convention, to word the fix as an id list; config_ids: the draft config's
-    ids, to say which convention the engine behaved like; rtol: per-token relative tolerance
-    (see `harness.tolerances`).
+    ids, to say which convention the engine behaved like; rtol: per-token relative tolerance;
+    separation: > 0 in reduced precision, where a token beyond rtol is labelled by the state
+    it is identified as (see `harness.tolerances`), so precision noise never reads as a
+    skipped capture.
     """
     n = golden[0].num_layers
     train = [int(b) for b in training_boundaries]
-    slots = fingerprint(features, golden, train, rtol)
-    for s in slots:
-        s.tolerated = (outlier_budget > 0 and s.expected is not None
-                       and s.expected_fraction >= 1 - outlier_budget and s.rel_error <= rtol)
+    slots = fingerprint(features, golden, train, rtol, separation)
     found: list[Label] = [s.found for s in slots]
     kind, offset, at = _classify(slots, train, n)
     # a uniform shift is the simpler explanation where both fit; ids_ignored explains the rest
@@ -201,7 +200,7 @@ def diagnose_capture(
     return Diagnosis(kind=kind, message=message, engine_boundaries=found, training_boundaries=train,
                      suggested_layer_ids=suggested, slots=slots, engine_convention=conv_name,
                      consistent_conventions=consistent, num_layers=n, offset=offset,
-                     details={"rtol": rtol, "outlier_budget": outlier_budget,
+                     details={"rtol": rtol, "separation": separation,
                               "num_prompts": len(features),
                               "engine_slots": len(slots), "training_slots": len(train)})
 

@@ -48,11 +48,10 @@ class SlotMatch:
     cosine: float  # whole-slot cosine against the expected boundary
     telling_hits: int = 0  # tokens matching the expected boundary where it is not ~zero
     token_labels: Counter[Label] = field(default_factory=Counter, repr=False)
-    tolerated: bool = False  # within the dtype's outlier budget (harness.tolerances)
 
     @property
     def exact(self) -> bool:
-        return self.expected is not None and (self.expected_fraction == 1.0 or self.tolerated)
+        return self.expected is not None and self.expected_fraction == 1.0
 
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)

@@ -3,6 +3,11 @@
 Pinned prompts are answered from the committed tensors (so library drift cannot move the
 goalposts); prompts Hypothesis draws are computed on the fly with the bundle's target and
 draft in fp32 on the CPU, exactly as the golden builder computed the pinned ones.
+
+For an engine in reduced precision it also answers "how far does that dtype, on that
+device, move the training computation?": the same target and draft cast to the engine's
+dtype on the engine's device (built once per session, lazily, only when asked), whose
+error against fp32 is the noise floor the engine's own error is judged against.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ import torch
 from harness.golden.bundle import Bundle, DraftSpec
 from harness.golden.features import TargetFeatures, target_features
 from harness.models.draft import Eagle3Draft
-from harness.models.target import load_target, routing_margins
+from harness.models.target import load_target
 
 
 class Oracle:
@@ -23,7 +28,9 @@ class Oracle:
         self.bundle = bundle
         self._cache: dict[tuple[int, ...], TargetFeatures] = {}
         self._drafts: dict[str, Eagle3Draft] = {}
-        self._margins: dict[tuple[int, ...], torch.Tensor] = {}
+        self._targets: dict[tuple[str, str], torch.nn.Module] = {}
+        self._low_drafts: dict[tuple[str, str, str], Eagle3Draft] = {}
+        self._low: dict[tuple, TargetFeatures] = {}
         for i, prompt in enumerate(bundle.prompts()):
             self._cache[tuple(prompt)] = self._pinned(i, len(prompt))
 
@@ -54,13 +61,41 @@ class Oracle:
             self._cache[key] = target_features(self.target, key)
         return self._cache[key]
 
-    def routing_margins(self, prompt: Sequence[int]) -> torch.Tensor:
-        """[N+1, T] fp32 router margins before each boundary (see models.target.routing_margins):
-        where a reduced-precision engine may flip an expert and still be conformant."""
-        key = tuple(int(t) for t in prompt)
-        if key not in self._margins:
-            self._margins[key] = routing_margins(self.target, list(key))
-        return self._margins[key]
+    def _reference(self, dtype: str, device: str) -> torch.nn.Module:
+        key = (dtype, device)
+        if key not in self._targets:
+            self._targets[key] = load_target(self.bundle.target_dir, getattr(torch, dtype), device)
+        return self._targets[key]
+
+    def _reference_draft(self, name: str, dtype: str, device: str) -> Eagle3Draft:
+        key = (name, dtype, device)
+        if key not in self._low_drafts:
+            self._low_drafts[key] = Eagle3Draft.load(self.bundle.draft_dir(name), getattr(torch, dtype),
+                                                     device)
+        return self._low_drafts[key]
+
+    def reference_features(self, prompt: Sequence[int], dtype: str, device: str) -> TargetFeatures:
+        """The training computation of `prompt` in `dtype` on `device` (fp32 on the CPU: the
+        golden features themselves); what a correct engine in that dtype may differ by."""
+        if (dtype, device) == ("float32", "cpu"):
+            return self.features(prompt)
+        key = (dtype, device, tuple(int(t) for t in prompt))
+        if key not in self._low:
+            self._low[key] = target_features(self._reference(dtype, device), key[2])
+        return self._low[key]
+
+    @torch.no_grad()
+    def reference_fc(self, draft: str, features: torch.Tensor, dtype: str, device: str) -> torch.Tensor:
+        """The trained fc on given features in `dtype` on `device`, back in fp32 on the CPU."""
+        model = self._reference_draft(draft, dtype, device)
+        return model.project(features.to(device=device, dtype=getattr(torch, dtype))).float().cpu()
+
+    @torch.no_grad()
+    def reference_logits(self, tokens: Sequence[int], dtype: str, device: str) -> torch.Tensor:
+        """Next-token logits after `tokens` of the target in `dtype` on `device`, fp32 on the CPU."""
+        model = self._reference(dtype, device)
+        ids = torch.tensor([list(tokens)], device=device)
+        return model(input_ids=ids).logits[0, -1].float().cpu()
 
     @torch.no_grad()
     def fc(self, draft: str, features: torch.Tensor) -> torch.Tensor:
@@ -68,9 +103,13 @@ class Oracle:
         return self.draft(draft).project(features.float())
 
     @torch.no_grad()
-    def top2_margin(self, tokens: Sequence[int]) -> float:
-        """fp32 logit gap between the best and second-best next token after `tokens`: a
-        divergence there is a near-tie that reduced precision may legitimately flip."""
+    def top2_logits(self, tokens: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """(fp32 logits after `tokens`, indices of the best two): a divergence there is a
+        near-tie when reduced precision can move the gap between those two by as much."""
         logits = self.target(input_ids=torch.tensor([list(tokens)])).logits[0, -1].float()
-        top = torch.topk(logits, 2).values
-        return float(top[0] - top[1])
+        return logits, torch.topk(logits, 2).indices
+
+    def top2_margin(self, tokens: Sequence[int]) -> float:
+        """fp32 logit gap between the best and second-best next token after `tokens`."""
+        logits, top = self.top2_logits(tokens)
+        return float(logits[top[0]] - logits[top[1]])
