@@ -74,7 +74,7 @@ def diagnosis_json(diagnosis: Any) -> dict[str, Any]:
     elif isinstance(diagnosis, dict):
         out = dict(diagnosis)
     else:
-        out = {"kind": "unknown", "message": str(diagnosis)}
+        out = {"kind": "unrecognised", "message": str(diagnosis)}
     return jsonable(out)
 
 
