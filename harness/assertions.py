@@ -10,7 +10,7 @@ command that reproduces it and carries its diagnoses into report.json. Tolerance
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import NoReturn
 
@@ -126,10 +126,13 @@ def assert_capture_matches(*, features: Sequence[torch.Tensor], golden: Sequence
                            engine_name: str, engine_convention: str | None,
                            config_ids: Sequence[int], draft: str,
                            prompts: Sequence[Sequence[int]], check: str,
-                           margins: Sequence[torch.Tensor] | None = None) -> Diagnosis:
+                           margins: Sequence[torch.Tensor] | None = None,
+                           alone: Callable[[], Sequence[torch.Tensor]] | None = None) -> Diagnosis:
     """The engine handed the draft, slot by slot and token by token, what training used.
     `margins`: per prompt, the oracle's fp32 routing margins [N+1, T]; without them no token
-    is excused as a routing near-tie."""
+    is excused as a routing near-tie. `alone`: the engine's features of each prompt captured
+    on its own, asked for only when the batch differs from training (the evidence that tells a
+    batch-dependent capture from every other cause)."""
     hidden = golden[0].boundaries.shape[-1]
     expected_width = len(training_boundaries) * hidden
     widths = {int(x.shape[-1]) for x in features}
@@ -137,6 +140,10 @@ def assert_capture_matches(*, features: Sequence[torch.Tensor], golden: Sequence
     rtol = tol.rtol
     diag = diagnose_capture(features, golden, training_boundaries, engine_convention=engine_convention,
                             config_ids=config_ids, rtol=rtol, outlier_budget=tol.outlier_budget)
+    if diag.kind != "ok" and alone is not None and len(features) > 1:
+        diag = diagnose_capture(features, golden, training_boundaries,
+                                engine_convention=engine_convention, config_ids=config_ids,
+                                rtol=rtol, outlier_budget=tol.outlier_budget, alone=alone())
     if widths != {expected_width}:
         fail(f"the engine handed the draft {sorted(widths)}-wide features, training fed fc "
              f"{expected_width} = {len(training_boundaries)} aux states x {hidden}; "

@@ -192,7 +192,8 @@ def cmd_selftest(a: argparse.Namespace, extra: Sequence[str]) -> int:
             # a check must have failed: a mutant that merely could not run is not caught
             result.update(
                 caught=report["summary"]["verdict"] == "nonconformant" and bool(failed),
-                diagnosis_correct=match is not None,
+                # exact: every diagnosis in the report names the expected kind, not one of several
+                diagnosis_correct=bool(diags) and all(d.get("kind") == expected for d in diags),
                 failed_checks=failed,
                 diagnosis_kinds=sorted({str(d.get("kind")) for d in diags}),
                 # how much of the evidence names the bug: 1.0 when no check blamed anything else

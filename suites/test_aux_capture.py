@@ -21,7 +21,8 @@ def _check(engine: Engine, oracle: Oracle, spec: DraftSpec, draft_name: str,
         training_boundaries=spec.boundaries, dtype=engine.options.dtype, engine_name=engine.name,
         engine_convention=engine.convention, config_ids=spec.layer_ids, draft=draft_name,
         prompts=batch, check=check, margins=[oracle.routing_margins(p) for p in batch]
-        if engine.options.dtype != "float32" else None)
+        if engine.options.dtype != "float32" else None,
+        alone=lambda: [engine.capture([p]).features[0] for p in batch])
     if report is not None:
         report.metric(draft_name, "capture_worst_rel_error",
                       max((s.rel_error for s in diag.slots), default=0.0))

@@ -216,14 +216,19 @@ def position_shift(features: Sequence[torch.Tensor], golden: Sequence[TargetFeat
 
 def request_mixed(features: Sequence[torch.Tensor], golden: Sequence[TargetFeatures],
                   train: Sequence[int], rtol: float) -> Finding | None:
-    """The off rows of one prompt are another prompt's trained states at the same positions:
-    the engine handed a request another request's features (batch rows misindexed)."""
+    """The off rows of one prompt are another prompt's trained states at the same positions,
+    in every slot and from one source prompt: the engine handed a request another request's
+    features (batch rows misindexed). A stale slot beside fresh ones is a skipped capture."""
     if len(features) < 2 or not _width_ok(features, golden, train):
         return None
     hidden = golden[0].boundaries.shape[-1]
     off_rows = matched = 0
     pairs: dict[int, int] = {}
     for p, x in enumerate(features):
+        offs = [bool((relative_errors(_chunk(x, s, hidden), golden[p].boundaries[b]) > rtol).any())
+                for s, b in enumerate(train)]
+        if any(offs) and not all(offs):
+            return None  # some slots fresh, some not: stale slots, not a whole request swapped
         for s, b in enumerate(train):
             chunk = _chunk(x, s, hidden)
             own = relative_errors(chunk, golden[p].boundaries[b]) > rtol
@@ -242,8 +247,8 @@ def request_mixed(features: Sequence[torch.Tensor], golden: Sequence[TargetFeatu
                 return None
             # rows past the source's length hold its padding: not comparable with any golden row
             comparable = int(own[:best_n].sum())
-            if best_hits:
-                pairs.setdefault(p, best_q)
+            if best_hits and pairs.setdefault(p, best_q) != best_q:
+                return None  # one request's slots from different requests: not one swap
             off_rows += comparable
             matched += best_hits
     if off_rows < 4 or matched < 0.9 * off_rows:
