@@ -30,6 +30,7 @@ DIAG = {"kind": "offset", "message": "engine fed boundaries [3, 5] <b>", "engine
 def test_passes(report):
     report.metric("d1", "acceptance_length", 2.5)
     report.metric("d1", "nan_metric", float("nan"))
+    report.not_run("exact trace check", "the adapter exposes no traces")
 
 def test_fails_with_diagnosis(report):
     raise ConformanceFailure("aux features | differ", [DIAG])
@@ -170,6 +171,19 @@ def test_markdown_and_html(ran) -> None:
     assert "&lt;b&gt;" in page and "<b>" not in page  # messages are escaped
     for check in report["checks"]:
         assert check["id"] in page and check["id"] in md
+
+
+def test_checks_that_could_not_run_lower_the_coverage(ran) -> None:
+    """A part of a check that could not run is a line in report.md/html, and the verdict says
+    which concerns were judged (issue #13)."""
+    result, report, out = ran
+    line = "exact trace check did not run: the adapter exposes no traces"
+    cov = report["summary"]["coverage"]
+    assert cov["lines"] == [line] and cov["judged"] == ["checks"]
+    assert cov["not_run"][0]["check"].endswith("test_passes")
+    assert f"- {line}" in (out / "report.md").read_text()
+    assert f"<li>{line}</li>" in (out / "report.html").read_text()
+    assert f"judged: checks; not judged: {line}" in result.stdout.str()
 
 
 def test_stale_report_removed_and_none_written_on_usage_error(pytester: pytest.Pytester) -> None:
