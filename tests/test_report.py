@@ -360,3 +360,32 @@ def test_conformance_failure_is_an_assertion_error() -> None:
 def test_jsonable() -> None:
     assert rep.jsonable({"a": (1, float("inf")), 2: {3}, "p": Path("/x")}) == \
         {"a": [1, None], "2": [3], "p": "/x"}
+
+
+FLAKY_CHECK = '''
+from hypothesis import HealthCheck, given, settings, strategies as st
+from harness.report import ConformanceFailure
+
+CALLS = []
+
+@settings(database=None, max_examples=5, suppress_health_check=list(HealthCheck))
+@given(st.integers(0, 3))
+def test_stateful_engine(report, x):
+    CALLS.append(x)
+    if len(CALLS) == 1:  # an engine whose first answer differs from its later ones
+        raise ConformanceFailure("first capture differs", [{"kind": "stale_or_skipped", "message": "m",
+            "engine_boundaries": [], "training_boundaries": [], "suggested_layer_ids": None}])
+'''
+
+
+def test_flaky_hypothesis_failure_is_reported_as_the_real_failure(pytester: pytest.Pytester) -> None:
+    """A state-dependent engine makes Hypothesis raise FlakyFailure: the report shows the real
+    failure and its diagnosis, and says the engine was not reproducible (issue #13)."""
+    pytester.makepyfile(test_flaky=FLAKY_CHECK)
+    pytester.runpytest("--report-dir", str(pytester.path / "out"))
+    report = json.loads((pytester.path / "out" / "report.json").read_text())
+    check = _by_name(report)["test_stateful_engine"]
+    assert check["status"] == "failed"
+    assert check["message"].startswith("not reproducible:") and "first capture differs" in check["message"]
+    assert "FlakyFailure" not in check["message"]
+    assert [d["kind"] for d in check["diagnoses"]] == ["stale_or_skipped"]
