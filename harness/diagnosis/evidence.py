@@ -62,6 +62,12 @@ def _off_slots(features: Sequence[torch.Tensor], golden: Sequence[TargetFeatures
     return off
 
 
+def _judged_off_slots(features: Sequence[torch.Tensor], golden: Sequence[TargetFeatures],
+                      train: Sequence[int], rtol: float) -> list[int]:
+    """The slots off training, where the width lets slots be judged one by one ([] if not)."""
+    return _off_slots(features, golden, train, rtol) if _width_ok(features, golden, train) else []
+
+
 def _width_ok(features: Sequence[torch.Tensor], golden: Sequence[TargetFeatures],
               train: Sequence[int]) -> bool:
     hidden = golden[0].boundaries.shape[-1]
@@ -123,9 +129,7 @@ def normalised(features: Sequence[torch.Tensor], golden: Sequence[TargetFeatures
                train: Sequence[int], rtol: float) -> Finding | None:
     """Every off slot is its trained boundary rescaled per token and weighted per channel:
     the engine captured it after a normalisation (a layer's input norm)."""
-    if not _width_ok(features, golden, train):
-        return None
-    off = _off_slots(features, golden, train, rtol)
+    off = _judged_off_slots(features, golden, train, rtol)
     if not off:
         return None
     hidden = golden[0].boundaries.shape[-1]
@@ -153,9 +157,7 @@ def partial_residual(features: Sequence[torch.Tensor], golden: Sequence[TargetFe
                      train: Sequence[int], rtol: float) -> Finding | None:
     """Every off slot is its trained boundary k minus layer k-1's MLP output: the residual
     stream after attention only, a partial sum (an engine capturing `residual` alone)."""
-    if not _width_ok(features, golden, train):
-        return None
-    off = _off_slots(features, golden, train, rtol)
+    off = _judged_off_slots(features, golden, train, rtol)
     if not off or any(train[s] == 0 for s in off):
         return None
     hidden = golden[0].boundaries.shape[-1]
@@ -181,9 +183,7 @@ def position_shift(features: Sequence[torch.Tensor], golden: Sequence[TargetFeat
                    train: Sequence[int], rtol: float) -> Finding | None:
     """Every off slot holds, at token t, its trained boundary at token t - d for one d != 0:
     rows displaced in position (a feature paired with the wrong token)."""
-    if not _width_ok(features, golden, train):
-        return None
-    off = _off_slots(features, golden, train, rtol)
+    off = _judged_off_slots(features, golden, train, rtol)
     if not off:
         return None
     hidden = golden[0].boundaries.shape[-1]
