@@ -127,12 +127,16 @@ def assert_capture_matches(*, features: Sequence[torch.Tensor], golden: Sequence
                            config_ids: Sequence[int], draft: str,
                            prompts: Sequence[Sequence[int]], check: str,
                            margins: Sequence[torch.Tensor] | None = None,
-                           alone: Callable[[], Sequence[torch.Tensor]] | None = None) -> Diagnosis:
+                           alone: Callable[[], Sequence[torch.Tensor]] | None = None,
+                           context: Callable[[], tuple[Sequence[torch.Tensor], Sequence[TargetFeatures]]]
+                           | None = None) -> Diagnosis:
     """The engine handed the draft, slot by slot and token by token, what training used.
     `margins`: per prompt, the oracle's fp32 routing margins [N+1, T]; without them no token
     is excused as a routing near-tie. `alone`: the engine's features of each prompt captured
     on its own, asked for only when the batch differs from training (the evidence that tells a
-    batch-dependent capture from every other cause)."""
+    batch-dependent capture from every other cause). `context`: the engine's features and the
+    golden features of more prompts, asked for only on a mismatch, so that a shrunk
+    one-token example is diagnosed with enough evidence (a lone zero row fits many causes)."""
     hidden = golden[0].boundaries.shape[-1]
     expected_width = len(training_boundaries) * hidden
     widths = {int(x.shape[-1]) for x in features}
@@ -140,6 +144,11 @@ def assert_capture_matches(*, features: Sequence[torch.Tensor], golden: Sequence
     rtol = tol.rtol
     diag = diagnose_capture(features, golden, training_boundaries, engine_convention=engine_convention,
                             config_ids=config_ids, rtol=rtol, outlier_budget=tol.outlier_budget)
+    if diag.kind != "ok" and context is not None:
+        more, more_golden = context()
+        diag = diagnose_capture([*features, *more], [*golden, *more_golden], training_boundaries,
+                                engine_convention=engine_convention, config_ids=config_ids,
+                                rtol=rtol, outlier_budget=tol.outlier_budget)
     if diag.kind != "ok" and alone is not None and len(features) > 1:
         diag = diagnose_capture(features, golden, training_boundaries,
                                 engine_convention=engine_convention, config_ids=config_ids,
