@@ -251,7 +251,7 @@ def request_mixed(features: Sequence[torch.Tensor], golden: Sequence[TargetFeatu
                 return None  # one request's slots from different requests: not one swap
             off_rows += comparable
             matched += best_hits
-    if off_rows < 4 or matched < 0.9 * off_rows:
+    if not off_rows or matched < 0.9 * off_rows:  # one exact row of another request is evidence
         return None
     return Finding("request_mixed",
                    f"{matched}/{off_rows} off rows (those within the source prompt's length) equal "
