@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as _dt
-import html
 import json
 import math
 import os

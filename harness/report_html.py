@@ -153,14 +153,14 @@ def _slots_table(d: dict[str, Any]) -> str:
 
 
 def _heat_color(err: float, rtol: float) -> str:
-    """Within tolerance: dark green (the same state). Beyond: blue fading to white on a log
-    scale up to an error of 1 (nothing alike), so near misses stand out from unrelated states."""
+    """Within tolerance: dark green (the same state). Beyond: blue fading linearly to white at
+    an error of 1 (as far from the boundary as the boundary is from zero: nothing alike), so
+    a neighbouring boundary reads darker than an unrelated one."""
     if not math.isfinite(err):
         return "#ffffff"
     if err <= rtol:
         return "#1a7f37"
-    t = min(1.0, math.log(err / rtol) / math.log(max(1.0 / rtol, 1.0001)))
-    return f"hsl(212,65%,{35 + 62 * t:.0f}%)"
+    return f"hsl(212,65%,{35 + 62 * min(1.0, err):.0f}%)"
 
 
 def heatmap_svg(d: dict[str, Any]) -> str:
@@ -175,8 +175,8 @@ def heatmap_svg(d: dict[str, Any]) -> str:
     trained = d.get("training_boundaries") or []
     cols = len(rows[0])
     cw, ch, left, top = 46, 28, 132, 22
-    w, h = left + cw * cols + 10, top + ch * len(rows) + 40
-    out = [f'<svg class="heatmap" xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" '
+    w, h = left + cw * cols + 10, top + ch * len(rows) + 6
+    out = [f'<svg class="heatmap" width="{w}" height="{h}" '
            f'role="img" aria-label="slot by boundary relative error">']
     for b in range(cols):
         label = "emb 0" if b == 0 else str(b)
@@ -190,7 +190,7 @@ def heatmap_svg(d: dict[str, Any]) -> str:
         for b, err in enumerate(row):
             e = float("inf") if err is None else float(err)
             fill = _heat_color(e, rtol)
-            ink = "#fff" if e <= rtol or fill.endswith(("35%)", "40%)", "45%)", "50%)")) else "#222"
+            ink = "#fff" if e <= 0.45 else "#222"
             out.append(f'<rect class="heat-cell" x="{left + cw * b}" y="{y}" width="{cw}" '
                        f'height="{ch}" fill="{fill}" stroke="#fff"><title>slot {s} vs boundary '
                        f'{b}: mean relative error {e:.3g}</title></rect>')
@@ -200,11 +200,10 @@ def heatmap_svg(d: dict[str, Any]) -> str:
             out.append(f'<rect class="trained" x="{left + cw * want + 1}" y="{y + 1}" '
                        f'width="{cw - 2}" height="{ch - 2}" fill="none" stroke="#c62828" '
                        f'stroke-width="2.5"/>')
-    ly = top + ch * len(rows) + 22
-    out.append(f'<text x="{left}" y="{ly}" font-size="11">columns: golden boundary (0 = embedding '
-               f'output); cells: mean per-token relative error; green: within rtol {rtol:g}; '
-               f'red outline: the boundary training used for the slot</text>')
     out.append("</svg>")
+    out.append(f'<p class="muted">Heatmap: columns are the golden boundaries (0 = embedding output), '
+               f'cells the mean per-token relative error of the slot to each; green: within rtol '
+               f'{rtol:g} (the same state); red outline: the boundary training used for the slot.</p>')
     return "".join(out)
 
 
@@ -269,7 +268,7 @@ def acceptance_svg(draft: str, metrics: dict[str, Any]) -> str:
     bw, gap, left, top, plot_h = 16, 14, 36, 12, 120
     group = bw * len(series) + gap
     w, h = left + group * k + 150, top + plot_h + 34
-    out = [f'<svg class="acceptance" data-draft="{esc(draft)}" xmlns="http://www.w3.org/2000/svg" '
+    out = [f'<svg class="acceptance" data-draft="{esc(draft)}" '
            f'width="{w}" height="{h}" role="img" aria-label="acceptance per position, {esc(draft)}">']
     for frac in (0, 0.5, 1):
         y = top + plot_h * (1 - frac)
@@ -302,8 +301,9 @@ def acceptance_html(report: dict[str, Any]) -> str:
         if svg:
             tau = metrics.get("acceptance_length")
             pred = metrics.get("predicted_acceptance_length")
-            blocks.append(f"<div><h3>{esc(draft)}</h3><p class=\"muted\">acceptance length "
-                          f"{esc(str(tau))} (training predicted {esc(str(pred))})</p>{svg}</div>")
+            line = (f"<p class=\"muted\">acceptance length {esc(str(tau))} (training predicted "
+                    f"{esc(str(pred))})</p>") if tau is not None else ""
+            blocks.append(f"<div><h3>{esc(draft)}</h3>{line}{svg}</div>")
     if not blocks:
         return ""
     return ("<h2>Acceptance per draft position</h2><p class=\"muted\">Share of speculative "

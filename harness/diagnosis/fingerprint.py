@@ -19,7 +19,6 @@ import torch
 from harness.diagnosis.record import FINAL_NORMED, ZERO, Label, SlotMatch, mlp_label
 from harness.golden.features import TargetFeatures
 
-
 # An error beyond this is "nothing alike" (a zero or garbage slot gives inf per token): capped,
 # so one such token cannot swamp a slot's mean error to a boundary in the report's heatmap.
 _ERROR_CAP = 10.0
