@@ -48,7 +48,7 @@ def test_bundle_draft_right_or_ambiguous(reference, name) -> None:
     inf = infer_boundaries(_load(name, target), prompts, feats, score_from=SEED_LEN)
     print(f"{name} (trained {trained}): {inf.line()}")
     assert inf.ambiguous or inf.boundaries == trained, inf.line()
-    assert inf.threshold > 0 and inf.tokens == len(prompts) * (len(prompts[0]) - SEED_LEN)
+    assert inf.tokens == len(prompts) * (len(prompts[0]) - SEED_LEN)
 
 
 def test_untrained_drafts_are_ambiguous(reference) -> None:
