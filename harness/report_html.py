@@ -370,6 +370,28 @@ def metrics_html(report: dict[str, Any]) -> str:
             "</table>") if rows else ""
 
 
+def doctor_html(doctor: dict[str, Any] | None) -> str:
+    """`doctor`'s finding (report.json key `doctor`): the config's ids, what the engine fed,
+    what training used and where that came from, and the weight inference with its margin."""
+    if not doctor:
+        return ""
+    inf = doctor.get("inference") or {}
+    verdict = "ambiguous" if inf.get("ambiguous") else "decided"
+    fixed = ("no fix needed" if doctor.get("fed_boundaries") == doctor.get("trained_boundaries")
+             else "verified by re-serving" if doctor.get("fix_verified") else "not verified")
+    return (f'<div class="doctor"><h2>Draft on disk</h2><table class="doctor"><tr><th>config ids '
+            f'({esc(str(doctor.get("layout")))})</th><td><code>{esc(json.dumps(doctor.get("config_ids")))}'
+            f'</code></td></tr><tr><th>engine fed (boundaries)</th><td><code>'
+            f'{esc(json.dumps(doctor.get("fed_boundaries")))}</code></td></tr><tr><th>trained on '
+            f'(boundaries)</th><td><code>{esc(json.dumps(doctor.get("trained_boundaries")))}</code> — '
+            f'{esc(str(doctor.get("trained_source")))}</td></tr><tr><th>inferred from the weights'
+            f'</th><td><code>{esc(json.dumps(inf.get("boundaries")))}</code> vs runner-up <code>'
+            f'{esc(json.dumps(inf.get("runner_up")))}</code>: margin {esc(str(round(inf.get("margin") or 0, 4)))}'
+            f', threshold {esc(str(round(inf.get("threshold") or 0, 4)))} on {esc(str(inf.get("tokens")))}'
+            f' tokens — <strong>{verdict}</strong></td></tr><tr><th>fix</th><td>'
+            f'{esc(fixed)}</td></tr></table></div>')
+
+
 def render_page(report: dict[str, Any], *, title: str | None = None, preface: str = "") -> str:
     """The whole page. `preface`: extra HTML after the verdict (doctor's "fed vs trained")."""
     e, b, s = report["engine"], report.get("bundle") or {}, report["summary"]
@@ -386,6 +408,7 @@ bundle <code>{esc(str(b.get('name')))}</code> sha256 <code>{esc((b.get('sha256')
 dtype {esc(str(report.get('dtype')))}; started {esc(str(report.get('started')))},
 {esc(str(report.get('duration_s')))} s; {s['passed']} passed, {s['failed']} failed,
 {s['errors']} errors, {s['skipped']} skipped, {s['xfailed']} xfailed</p>{unavailable}{preface}
+{doctor_html(report.get('doctor'))}
 <h2>Checks at a glance</h2>{matrix_html(report['checks'], report.get('drafts') or [])}
 <h2>Root causes</h2>{root_causes_html(report)}
 {acceptance_html(report)}{convention_html(report.get('observed_convention'))}
