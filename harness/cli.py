@@ -333,6 +333,20 @@ def cmd_table(a: argparse.Namespace, extra: Sequence[str]) -> int:
 # -- parser ----------------------------------------------------------------------------------
 
 
+def cmd_doctor(a: argparse.Namespace, extra: Sequence[str]) -> int:
+    """One checkpoint pair on disk, no bundle (harness.doctor)."""
+    from harness.doctor import DoctorError, run_doctor
+    from harness.registry import EngineLookupError
+
+    try:
+        _check_engine(a.engine)
+        return run_doctor(Path(a.target), Path(a.draft), a.engine, a.convention, a.device, a.dtype,
+                          Path(a.report_dir) if a.report_dir else None,
+                          say=lambda line: print(line, flush=True))
+    except (DoctorError, EngineLookupError) as e:
+        raise CliError(str(e)) from None
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog=PROG, description="Certify that an inference engine serves an EAGLE-3 "
                                        "draft the way it was trained.")
@@ -384,6 +398,18 @@ def build_parser() -> argparse.ArgumentParser:
                         help="also require the manifest digest pinned for the committed bundle "
                              "(detects a tampered bundle whose hashes were recomputed)")
     verify.set_defaults(func=cmd_golden_verify)
+
+    doc = sub.add_parser("doctor", help="diagnose one target/draft pair on disk (no bundle)")
+    doc.add_argument("--target", required=True, help="HF-format target folder")
+    doc.add_argument("--draft", required=True, help="EAGLE-3 draft folder (config.json, model.safetensors)")
+    doc.add_argument("--engine", default="vllm", help="engine to serve the draft (default: vllm)")
+    doc.add_argument("--convention", help="the trainer's layer-id convention, where the weights "
+                                          "cannot tell (a key of harness.boundaries.CONVENTIONS)")
+    doc.add_argument("--device", default="cpu", help="cpu, or cuda for a large target")
+    doc.add_argument("--dtype", choices=("float32", "bfloat16", "float16"),
+                     help="engine dtype (default: the engine's)")
+    doc.add_argument("--report-dir", help="write report.json/md/html here")
+    doc.set_defaults(func=cmd_doctor)
 
     table = sub.add_parser("conformance-table", help="render docs/CONFORMANCE.md from reports")
     table.add_argument("reports", nargs="+", metavar="REPORT.json")

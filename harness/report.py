@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as _dt
-import html
 import json
 import math
 import os
@@ -428,60 +427,12 @@ def _observed_markdown(observed: dict[str, Any] | None, level: str) -> list[str]
     return out
 
 
-_CSS = """
-body{font-family:system-ui,sans-serif;margin:2rem;max-width:80rem;color:#222}
-table{border-collapse:collapse;width:100%;margin:1rem 0}
-th,td{border:1px solid #ccc;padding:.35rem .5rem;text-align:left;vertical-align:top}
-th{background:#f3f3f3} code,pre{font-family:ui-monospace,monospace;font-size:.9em}
-pre{white-space:pre-wrap;background:#f8f8f8;padding:.5rem;margin:0}
-.passed{background:#e9f7ec}.failed,.error{background:#fde8e8}.xfail{background:#fff4e0}
-.skipped,.xpass{background:#f2f2f2}.verdict-conformant{color:#1a7f37}
-.verdict-nonconformant{color:#c62828}details{margin:.2rem 0}
-"""
-
-
 def render_html(report: dict[str, Any]) -> str:
-    """Self-contained (inline CSS, no scripts, no external assets): it is opened from CI
-    artefact stores that serve nothing else."""
-    esc = html.escape
-    e, b, s = report["engine"], report["bundle"], report["summary"]
-    rows = []
-    for c in report["checks"]:
-        detail = ""
-        if c["message"].strip() and c["status"] != "passed":
-            detail += f"<details><summary>message</summary><pre>{esc(c['message'])}</pre></details>"
-        for d in c["diagnoses"]:
-            detail += (f"<details><summary>diagnosis: {esc(str(d.get('kind')))}</summary>"
-                       f"<pre>{esc(json.dumps(d, indent=2))}</pre></details>")
-        rows.append(f"<tr class=\"{esc(c['status'])}\"><td><code>{esc(c['id'])}</code></td>"
-                    f"<td>{esc(c['draft'] or '—')}</td><td>{esc(_RESULT.get(c['status'], c['status']))}"
-                    f"</td><td>{esc(_diag_text(c))}{detail}</td></tr>")
-    metrics = "".join(f"<tr><td>{esc(d)}</td><td>{esc(k)}</td><td><code>{esc(v)}</code></td></tr>"
-                      for d, k, v in _metric_rows(report))
-    metrics_table = (f"<h2>Metrics</h2><table><tr><th>draft</th><th>metric</th><th>value</th></tr>"
-                     f"{metrics}</table>") if metrics else ""
-    unavailable = f"<p>Engine unavailable: {esc(e['unavailable'])}</p>" if e.get("unavailable") else ""
-    observed = _observed_markdown(report.get("observed_convention"), "##")
-    observed_html = (f"<h2>Observed layer-id convention</h2><pre>{esc(chr(10).join(observed[2:]))}</pre>"
-                     if observed else "")
-    return f"""<!DOCTYPE html>
-<html lang="en"><head><meta charset="utf-8">
-<title>EAGLE-3 conformance: {esc(e['name'])}</title><style>{_CSS}</style></head><body>
-<h1>EAGLE-3 conformance: {esc(e['name'])}</h1>
-<p class="verdict-{esc(s['verdict'])}"><strong>Verdict: {esc(s['verdict'])}</strong> —
-{esc(s['verdict_reason'])}</p>
-<ul><li>engine <code>{esc(e['name'])}</code> {esc(e.get('version') or '(version unknown)')}</li>
-<li>bundle <code>{esc(str(b.get('name')))}</code> sha256 <code>{esc((b.get('sha256') or '')[:16])}</code></li>
-<li>drafts {esc(', '.join(report['drafts']) or '—')}; dtype {esc(str(report.get('dtype')))}</li>
-<li>started {esc(report['started'])}, {report['duration_s']} s</li>
-<li>{s['passed']} passed, {s['failed']} failed, {s['errors']} errors, {s['skipped']} skipped,
-{s['xfailed']} xfailed</li></ul>{unavailable}
-<h2>Checks</h2>
-<table><tr><th>check</th><th>draft</th><th>result</th><th>diagnosis / reason</th></tr>
-{''.join(rows)}
-</table>{metrics_table}{observed_html}
-</body></html>
-"""
+    """The self-contained page a person reads: rendered by harness.report_html (imported here,
+    not at module level, because it imports this module's cell helpers)."""
+    from harness.report_html import render_page
+
+    return render_page(report)
 
 
 def _device(report: dict[str, Any]) -> str:

@@ -15,6 +15,13 @@ ruff check harness suites tests conftest.py benchmarks examples
 for v in 0.5.23 0.5.12.post1; do
     [ -d ".sglang/$v/sglang" ] || python -m pip install -q --no-deps --target ".sglang/$v" "sglang==$v"
 done
+# tests/test_report_html.py opens report.html in a real headless Chromium (Debian's package);
+# installed only where missing, and only as root with apt-get (elsewhere the test skips and
+# prints why).
+if ! command -v chromium >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null \
+        || echo "chromium could not be installed: the browser test of report.html will skip" >&2
+fi
 # Unit tests apart from the suites: an adapter's own tests use the suite fixtures and would
 # otherwise be recorded as checks of the reference engine.
 python -m pytest -q -rs tests

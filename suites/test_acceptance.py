@@ -4,6 +4,9 @@ Both numbers are printed and land in report.json whatever the outcome."""
 
 from __future__ import annotations
 
+import itertools
+import operator
+
 import pytest
 
 from harness.acceptance import (
@@ -44,6 +47,8 @@ def test_acceptance_matches_golden_trace(engine: Engine, oracle: Oracle, draft_n
     report.metric(draft_name, "acceptance_length", round(measured.mean_acceptance_length, 4))
     report.metric(draft_name, "golden_acceptance_length", round(expected.mean_acceptance_length, 4))
     report.metric(draft_name, "acceptance_per_position", [round(r, 4) for r in measured.per_position_rate])
+    report.metric(draft_name, "golden_acceptance_per_position",
+                  [round(r, 4) for r in expected.per_position_rate])
     if k != spec.num_draft_tokens:
         pytest.skip(f"golden traces are for k={spec.num_draft_tokens} draft tokens, the engine runs k={k}")
     if engine.options.dtype == "float32" and gen.traces is not None:
@@ -87,6 +92,10 @@ def test_acceptance_meets_training_prediction(engine: Engine, oracle: Oracle, dr
     report.metric(draft_name, "heldout_acceptance_length", round(measured.mean_acceptance_length, 4))
     report.metric(draft_name, "predicted_acceptance_length", round(predicted, 4))
     report.metric(draft_name, "training_measured_acceptance_length", spec.measured_acceptance_length)
+    # position k is accepted only if every earlier one was: training predicts prod_{j<=k} acc_j
+    report.metric(draft_name, "predicted_acceptance_per_position",
+                  [round(r, 4) for r in itertools.accumulate(spec.acc_k[:spec.num_draft_tokens],
+                                                             operator.mul)])
     margin = tolerance_for(engine.options.dtype).prediction_margin
     if measured.mean_acceptance_length < predicted * (1 - margin):
         diag = explain_shortfall(engine, oracle, draft_name, gen, None)

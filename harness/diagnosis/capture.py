@@ -202,7 +202,8 @@ def diagnose_capture(
                      consistent_conventions=consistent, num_layers=n, offset=offset,
                      details={"rtol": rtol, "separation": separation,
                               "num_prompts": len(features),
-                              "engine_slots": len(slots), "training_slots": len(train)})
+                              "engine_slots": len(slots), "training_slots": len(train),
+                              "slot_boundary_errors": [s.boundary_errors for s in slots]})
 
 
 def _message(kind: str, offset: int | None, at: int | None, slots: list[SlotMatch],

@@ -19,6 +19,10 @@ import torch
 from harness.diagnosis.record import FINAL_NORMED, ZERO, Label, SlotMatch, mlp_label
 from harness.golden.features import TargetFeatures
 
+# An error beyond this is "nothing alike" (a zero or garbage slot gives inf per token): capped,
+# so one such token cannot swamp a slot's mean error to a boundary in the report's heatmap.
+_ERROR_CAP = 10.0
+
 
 def relative_errors(x: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
     """Per token (last dim reduced), |x - ref| / |ref| in fp32: the one error measure every
@@ -56,10 +60,13 @@ def _match_slot(slot: int, chunks: list[torch.Tensor], golden: Sequence[TargetFe
                 expected: int | None, rtol: float, separation: float) -> SlotMatch:
     counts: Counter[Label] = Counter()
     in_tol = telling = zeros = total = 0
+    boundary_err_sum: torch.Tensor | None = None  # [N+1]: summed per-token error to each boundary
     diff_sq = ref_sq = dot = x_sq = 0.0
     for x, gold in zip(chunks, golden, strict=True):
         labels, states = candidates(gold)
         err = relative_errors(x[None], states)  # [C, T]
+        per_boundary = err[:gold.num_layers + 1].clamp_max(_ERROR_CAP).sum(dim=1)
+        boundary_err_sum = per_boundary if boundary_err_sum is None else boundary_err_sum + per_boundary
         x_norm = x.norm(dim=-1)
         tiny = 1e-6 * gold.boundaries.norm(dim=-1).mean(0)  # [T]: "zero" at this token's scale
         is_zero = x_norm <= tiny
@@ -91,7 +98,9 @@ def _match_slot(slot: int, chunks: list[torch.Tensor], golden: Sequence[TargetFe
     return SlotMatch(slot=slot, expected=expected, found=found, match_fraction=hits / total,
                      expected_fraction=in_tol / total if expected is not None else 0.0,
                      zero_fraction=zeros / total, rel_error=rel, cosine=cos,
-                     telling_hits=telling, token_labels=counts)
+                     telling_hits=telling, token_labels=counts,
+                     boundary_errors=[] if boundary_err_sum is None else
+                     [round(float(e) / total, 4) for e in boundary_err_sum])
 
 
 def fingerprint(features: Sequence[torch.Tensor], golden: Sequence[TargetFeatures],

@@ -48,6 +48,9 @@ class SlotMatch:
     cosine: float  # whole-slot cosine against the expected boundary
     telling_hits: int = 0  # tokens matching the expected boundary where it is not ~zero
     token_labels: Counter[Label] = field(default_factory=Counter, repr=False)
+    # per golden boundary 0..N, this slot's mean per-token relative error to it (capped at 10):
+    # the row of the report's slot-by-boundary heatmap; carried in Diagnosis.details, not here
+    boundary_errors: list[float] = field(default_factory=list, repr=False)
 
     @property
     def exact(self) -> bool:
@@ -56,6 +59,7 @@ class SlotMatch:
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
         out["token_labels"] = {str(k): v for k, v in self.token_labels.items()}
+        out.pop("boundary_errors")  # in Diagnosis.details["slot_boundary_errors"]; slots keep their keys
         for key in ("rel_error", "cosine"):
             if math.isnan(out[key]):
                 out[key] = None

@@ -1,0 +1,86 @@
+"""`eagle3-conformance doctor` on the committed target, without the bundle: a draft config
+whose ids are shifted by one, the embedding-first draft rewritten as three layers without the
+embedding, and config layouts it must refuse with one line. The engine is the real reference
+(transformers), told the trainer's convention; the vLLM transcripts are in the README."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from harness.cli import main
+from harness.doctor import NESTED, TOP_LEVEL, DoctorError, config_layout, with_ids
+from harness.paths import default_bundle_path
+
+BUNDLE = default_bundle_path()
+
+
+def _draft(tmp_path: Path, name: str, ids: list[int]) -> Path:
+    src = BUNDLE / f"draft-{name}"
+    return with_ids(src, ids, NESTED, tmp_path)
+
+
+def test_config_layouts() -> None:
+    assert config_layout({"eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 3]}}, Path("c")) == (NESTED, [1, 3])
+    assert config_layout({"speculators_model_type": "eagle3", "eagle_aux_hidden_state_layer_ids": [2]},
+                         Path("c")) == (TOP_LEVEL, [2])
+    with pytest.raises(DoctorError, match="neither a SpecForge/SGLang draft config"):
+        config_layout({"aux_layers": [1, 2]}, Path("c"))
+    with pytest.raises(DoctorError, match="non-empty list of ints"):
+        config_layout({"eagle_config": {"eagle_aux_hidden_state_layer_ids": "1,3"}}, Path("c"))
+
+
+def test_unknown_layout_is_one_line(tmp_path: Path, capsys) -> None:
+    draft = tmp_path / "d"
+    shutil.copytree(BUNDLE / "draft-single-aux", draft)
+    (draft / "config.json").write_text(json.dumps({"layers": [1]}))
+    assert main(["doctor", "--target", str(BUNDLE / "target"), "--draft", str(draft),
+                 "--engine", "reference"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "speculators_model_type" in err[0] and "eagle_config" in err[0]
+
+
+def _doctor(tmp_path: Path, draft: Path, capsys) -> tuple[int, str, dict]:
+    out = tmp_path / "report"
+    code = main(["doctor", "--target", str(BUNDLE / "target"), "--draft", str(draft),
+                 "--engine", "reference", "--convention", "specforge", "--report-dir", str(out)])
+    text = capsys.readouterr().out
+    report = json.loads((out / "report.json").read_text())
+    assert (out / "report.html").read_text().count('class="root-cause') == (code == 1)
+    return code, text, report
+
+
+@pytest.mark.slow
+def test_shifted_ids(tmp_path: Path, capsys) -> None:
+    """specforge-default trained on boundaries [2, 4, 5] (SpecForge ids [1, 3, 4]); the config
+    says [2, 4, 5]: the engine feeds [3, 5, 6] and the fix is the original ids, re-served."""
+    code, text, report = _doctor(tmp_path, _draft(tmp_path, "specforge-default", [2, 4, 5]), capsys)
+    doc = report["doctor"]
+    assert doc["fed_boundaries"] == [3, 5, 6]
+    print(text)
+    if doc["trained_source"] == "inferred from the weights":
+        assert doc["trained_boundaries"] == [2, 4, 5]
+        assert code == 1 and report["diagnoses"][0]["kind"] == "offset"
+        assert report["diagnoses"][0]["suggested_layer_ids"] == [1, 3, 4]
+        assert doc["fix_verified"] and "fix verified" in text
+    else:  # the weights were ambiguous: the config is all the doctor has, and it is taken at its word
+        assert code == 0 and doc["inference"]["ambiguous"]
+
+
+@pytest.mark.slow
+def test_embedding_first_rewritten_without_the_embedding(tmp_path: Path, capsys) -> None:
+    """embed-first trained on [0, 4, 6] (the embedding first); its config rewritten as three
+    layers [1, 3, 5]: the doctor must name the embedding from the weights and the fixing ids."""
+    code, text, report = _doctor(tmp_path, _draft(tmp_path, "embed-first", [1, 3, 5]), capsys)
+    doc = report["doctor"]
+    print(text)
+    assert doc["fed_boundaries"] == [2, 4, 6]
+    if doc["trained_source"] == "inferred from the weights":
+        assert doc["trained_boundaries"] == [0, 4, 6] and code == 1
+        assert report["diagnoses"][0]["kind"] == "embedding_missing"
+        assert "embedding" in text
+    else:
+        assert code == 0 and doc["inference"]["ambiguous"]
