@@ -31,11 +31,11 @@ import torch
 
 from harness.boundaries import ids_to_boundaries
 from harness.diagnosis.capture import diagnose_capture
+from harness.diagnosis.identity import identify_slots
 from harness.engines.speculative import Eagle3Runtime
 from harness.engines.step_costs import measure_step_costs, synchronizer
 from harness.golden.bundle import load_bundle
 from harness.golden.features import target_features
-from harness.identity import identify_slots
 from harness.models.presets import (
     build_target_on,
     motivating_depth_config,
