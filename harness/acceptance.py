@@ -98,7 +98,7 @@ def explain_shortfall(engine: Engine, oracle: Oracle, draft: str, generation: Ge
                                 "first drafted tokens are accepted as often as in training but deeper "
                                 "positions collapse: draft steps after the first get the wrong hidden "
                                 "state", position0_accepts=pos0, golden_position0_accepts=gold0)
-    return Diagnosis(kind="unknown", message="acceptance falls short although capture, fc and the "
+    return Diagnosis(kind="unrecognised", message="acceptance falls short although capture, fc and the "
                      "vocabulary map match training; inspect the engine's draft loop (positions, "
                      "KV cache, sampling)", engine_boundaries=[], training_boundaries=list(spec.boundaries),
                      suggested_layer_ids=None)

@@ -10,7 +10,7 @@ command that reproduces it and carries its diagnoses into report.json. Tolerance
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import NoReturn
 
@@ -20,6 +20,7 @@ import torch
 from harness.diagnosis.capture import diagnose_capture
 from harness.diagnosis.crash import crash_diagnosis
 from harness.diagnosis.draft_side import diagnose_fc
+from harness.diagnosis.evidence import seen_per_slot
 from harness.diagnosis.fingerprint import relative_errors
 from harness.diagnosis.identity import WRONG, classify_capture, classify_tokens, noise_allowance
 from harness.diagnosis.record import Diagnosis
@@ -112,7 +113,10 @@ def assert_capture_matches(*, features: Sequence[torch.Tensor], golden: Sequence
                            engine_name: str, engine_convention: str | None,
                            config_ids: Sequence[int], draft: str,
                            prompts: Sequence[Sequence[int]], check: str,
-                           noise: Sequence[TargetFeatures] | None = None) -> Diagnosis:
+                           noise: Sequence[TargetFeatures] | None = None,
+                           alone: Callable[[], Sequence[torch.Tensor]] | None = None,
+                           context: Callable[[], tuple[Sequence[torch.Tensor], Sequence[TargetFeatures]]]
+                           | None = None) -> Diagnosis:
     """The engine handed the draft, slot by slot and token by token, what training used.
 
     fp32: every token within the strict bound. Reduced precision: no token may be what a
@@ -120,7 +124,13 @@ def assert_capture_matches(*, features: Sequence[torch.Tensor], golden: Sequence
     and no slot's median error may exceed the noise floor; `noise` (required there) holds per
     prompt the features of the reference computation in the engine's dtype on its device
     (`Oracle.reference_features`). Tokens precision makes ambiguous pass and are reported in
-    the returned diagnosis' details["precision"]."""
+    the returned diagnosis' details["precision"].
+
+    Only for the diagnosis, never for pass/fail: `alone`, the engine's features of each prompt
+    captured on its own, asked for only when the batch differs from training (the evidence that
+    tells a batch-dependent capture from every other cause); `context`, the engine's features
+    and the golden features of more prompts, asked for only on a mismatch, so that a shrunk
+    one-token example is diagnosed with enough evidence (a lone zero row fits many causes)."""
     assert_finite("the aux features the engine handed the draft", features)
     hidden = golden[0].boundaries.shape[-1]
     expected_width = len(training_boundaries) * hidden
@@ -128,6 +138,15 @@ def assert_capture_matches(*, features: Sequence[torch.Tensor], golden: Sequence
     tol = tolerance_for(dtype)
     diag = diagnose_capture(features, golden, training_boundaries, engine_convention=engine_convention,
                             config_ids=config_ids, rtol=tol.rtol, separation=tol.separation)
+    if diag.kind != "ok" and context is not None:
+        more, more_golden = context()
+        diag = diagnose_capture([*features, *more], [*golden, *more_golden], training_boundaries,
+                                engine_convention=engine_convention, config_ids=config_ids,
+                                rtol=tol.rtol, separation=tol.separation)
+    if diag.kind != "ok" and alone is not None and len(features) > 1:
+        diag = diagnose_capture(features, golden, training_boundaries,
+                                engine_convention=engine_convention, config_ids=config_ids,
+                                rtol=tol.rtol, separation=tol.separation, alone=alone())
     if widths != {expected_width}:
         fail(f"the engine handed the draft {sorted(widths)}-wide features, training fed fc "
              f"{expected_width} = {len(training_boundaries)} aux states x {hidden}; "
@@ -157,10 +176,17 @@ def assert_capture_matches(*, features: Sequence[torch.Tensor], golden: Sequence
             f"outliers identified as their own boundary, {found.counts['ambiguous']} ambiguous "
             f"(the {dtype} reference itself cannot be told apart there)."))
     if diag.kind == "ok":
-        diag = replace(diag, kind="unknown", message=(
+        # no known class fits at this dtype's tolerance: say what was seen, never a class by
+        # elimination (issue #13)
+        seen = seen_per_slot(features, golden, training_boundaries, tol.rtol)
+        diag = replace(diag, kind="unrecognised", message=(
             "every slot is nearest its training boundary, yet some slot's typical error exceeds "
-            f"the {dtype} noise floor: no single known cause (a wrong norm, scale or dtype cast "
-            "moves every token a little)."))
+            f"the {dtype} noise floor: no known class fits (a wrong norm, scale or dtype cast "
+            "moves every token a little). Seen per slot: " + "; ".join(
+                f"slot {d['slot']} (training b={d['expected']}) nearest "
+                + ", ".join(f"{c['state']} at {c['median_rel_error']:.3g}" for c in d["nearest"])
+                for d in seen) + ". Confidence margin: none, no explanation fits."),
+            details={**diag.details, "seen": seen, "confidence_margin": 0.0})
     if not found.ok:
         shown = "; ".join(f"prompt {p} slot {s} token {t}: {why}" for p, s, t, why in found.wrong[:3])
         drift = "; ".join(f"slot {s} median error {m:.3g} > {a:.3g}" for s, m, a in found.drift)

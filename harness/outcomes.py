@@ -7,8 +7,33 @@ from __future__ import annotations
 import pytest
 
 
+def root_failure(value: BaseException) -> tuple[BaseException, bool]:
+    """(the failure to report, whether Hypothesis called it flaky). A check that failed once
+    and passed when Hypothesis replayed the same input raises FlakyFailure, a group around
+    the real failures: the report shows the first of those (with its diagnoses), not the
+    group, and says the engine is not reproducible."""
+    flaky = type(value).__name__ in ("FlakyFailure", "Flaky") and hasattr(value, "exceptions")
+    if not flaky:
+        return value, False
+    inner = list(value.exceptions)
+    while inner:
+        first = inner.pop(0)
+        if hasattr(first, "exceptions"):
+            inner = list(first.exceptions) + inner
+            continue
+        return first, True
+    return value, True
+
+
+FLAKY = ("not reproducible: this input failed, then passed when Hypothesis replayed it, so the "
+         "engine's result depends on what it served before (state kept between requests, or "
+         "nondeterminism); the first failure was: ")
+
+
 def exception_message(excinfo: pytest.ExceptionInfo[BaseException]) -> str:
-    value = excinfo.value
+    value, flaky = root_failure(excinfo.value)
+    if flaky:
+        return FLAKY + (str(value).strip() or type(value).__name__)
     text = str(value).strip()
     if isinstance(value, (AssertionError, pytest.fail.Exception)) and text:
         return text

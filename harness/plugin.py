@@ -32,7 +32,7 @@ from harness.options import (
     prepare_report_dir,
     validate,
 )
-from harness.outcomes import check_outcome, exception_message
+from harness.outcomes import check_outcome, exception_message, root_failure
 from harness.registry import engine_path
 from harness.report import ReportCollector, verdict_line, write_reports
 from harness.session import State
@@ -305,7 +305,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     message = ""
     if call.excinfo is not None:
         message = exception_message(call.excinfo)
-        for d in getattr(call.excinfo.value, "diagnoses", None) or ():
+        for d in getattr(root_failure(call.excinfo.value)[0], "diagnoses", None) or ():
             as_json = record.add_diagnosis(d)
             # junit.xml carries them too, as <property name="diagnosis">
             item.user_properties.append(("diagnosis",

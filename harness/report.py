@@ -73,7 +73,7 @@ def diagnosis_json(diagnosis: Any) -> dict[str, Any]:
     elif isinstance(diagnosis, dict):
         out = dict(diagnosis)
     else:
-        out = {"kind": "unknown", "message": str(diagnosis)}
+        out = {"kind": "unrecognised", "message": str(diagnosis)}
     return jsonable(out)
 
 
@@ -128,12 +128,22 @@ class ReportCollector:
         # served, and each suggested fix re-served (see harness.observed_convention)
         self.observations: dict[tuple[Any, ...], dict[str, Any]] = {}
         self.fixes: dict[str, dict[str, Any]] = {}
+        self.not_run_list: list[dict[str, str]] = []
 
     # -- for checks -----------------------------------------------------------------------
 
     def metric(self, draft: str, key: str, value: Any) -> None:
         """Record a number (or list) for a draft; lands in report.json whatever the outcome."""
         self.metrics.setdefault(str(draft), {})[str(key)] = jsonable(value)
+
+    def not_run(self, concern: str, reason: str) -> None:
+        """Record that part of a check could not run for this engine (e.g. "exact trace
+        check", "the adapter exposes no traces"): the report says so and the verdict's
+        coverage names it, so a pass is never read as covering what was not judged."""
+        entry = {"concern": str(concern), "reason": str(reason), "check": self.current or ""}
+        if not any(e["concern"] == entry["concern"] and e["reason"] == entry["reason"]
+                   for e in self.not_run_list):
+            self.not_run_list.append(entry)
 
     def diagnosis(self, check_id: str | None, diagnosis: Any) -> None:
         """Attach a diagnosis to a check (None: the check now running). A check that fails by
@@ -185,6 +195,7 @@ class ReportCollector:
         top = dict.fromkeys(METRIC_KEYS)
         top.update(by_draft.get(primary, {}) if primary is not None else {})
         flat = [{"check": c["id"], "draft": c["draft"], **d} for c in checks for d in c["diagnoses"]]
+        summary["coverage"] = coverage(checks, self.not_run_list)
         report = {
             "format_version": FORMAT_VERSION,
             "engine": {**engine, "version": engine.get("version") or self.engine_version,
@@ -252,6 +263,28 @@ def summarize(checks: Sequence[dict[str, Any]], *, interrupted: str | None = Non
     }
 
 
+def _concern(check_id: str) -> str:
+    """A check id's concern: its suite module, e.g. "aux capture" for test_aux_capture."""
+    module = check_id.split("::")[0].rsplit("/", 1)[-1].removesuffix(".py").removeprefix("test_")
+    return module.replace("_", " ")
+
+
+def coverage(checks: Sequence[dict[str, Any]], not_run: Sequence[dict[str, str]]) -> dict[str, Any]:
+    """Which concerns were judged (some check of theirs passed or failed) and which parts could
+    not run, with why."""
+    judged = sorted({_concern(c["id"]) for c in checks if c["status"] in ("passed", "failed", "xfail")})
+    lines = [f"{e['concern']} did not run: {e['reason']}" for e in not_run]
+    return {"judged": judged, "not_run": list(not_run), "lines": lines}
+
+
+def coverage_text(summary: dict[str, Any]) -> str:
+    cov = summary.get("coverage") or {}
+    text = f"judged: {', '.join(cov.get('judged', [])) or 'nothing'}"
+    if cov.get("not_run"):
+        text += "; not judged: " + "; ".join(cov["lines"])
+    return text
+
+
 def verdict_line(report: dict[str, Any], report_dir: Path | None = None) -> str:
     """The one line the CLI ends with."""
     s = report["summary"]
@@ -262,6 +295,8 @@ def verdict_line(report: dict[str, Any], report_dir: Path | None = None) -> str:
     line = f"verdict: {s['verdict']} ({counts})"
     if s["verdict"] != "conformant":
         line += f" — {s['verdict_reason']}"
+    if s.get("coverage"):
+        line += f" — {coverage_text(s)}"
     if report_dir is not None:
         line += f" — report: {Path(report_dir) / 'report.md'}"
     return line
@@ -375,6 +410,10 @@ def render_markdown(report: dict[str, Any]) -> str:
            f"{s['skipped']} skipped, {s['xfailed']} xfailed", ""]
     if e.get("unavailable"):
         out += [f"Engine unavailable: {e['unavailable']}", ""]
+    cov = s.get("coverage") or {}
+    if cov:
+        out += ["## Coverage", "", f"- judged: {', '.join(cov['judged']) or 'nothing'}",
+                *[f"- {line}" for line in cov["lines"]], ""]
     out += ["## Checks", "", "| check | draft | result | diagnosis / reason |", "|---|---|---|---|"]
     for c in report["checks"]:
         out.append(f"| `{_md_cell(c['id'])}` | {_md_cell(c['draft'] or '—')} | "

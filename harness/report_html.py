@@ -392,6 +392,16 @@ def doctor_html(doctor: dict[str, Any] | None) -> str:
             f'{esc(fixed)}</td></tr></table></div>')
 
 
+def coverage_html(cov: dict[str, Any] | None) -> str:
+    """Which concerns were judged and which checks could not run: a pass never reads as
+    covering a concern no check judged (issue #13)."""
+    if not cov:
+        return ""
+    judged = esc(", ".join(cov.get("judged") or []) or "nothing")
+    lines = "".join(f"<li>{esc(line)}</li>" for line in cov.get("lines") or [])
+    return f'<h2>Coverage</h2><ul class="coverage"><li>judged: {judged}</li>{lines}</ul>'
+
+
 def render_page(report: dict[str, Any], *, title: str | None = None, preface: str = "") -> str:
     """The whole page. `preface`: extra HTML after the verdict (doctor's "fed vs trained")."""
     e, b, s = report["engine"], report.get("bundle") or {}, report["summary"]
@@ -408,7 +418,7 @@ bundle <code>{esc(str(b.get('name')))}</code> sha256 <code>{esc((b.get('sha256')
 dtype {esc(str(report.get('dtype')))}; started {esc(str(report.get('started')))},
 {esc(str(report.get('duration_s')))} s; {s['passed']} passed, {s['failed']} failed,
 {s['errors']} errors, {s['skipped']} skipped, {s['xfailed']} xfailed</p>{unavailable}{preface}
-{doctor_html(report.get('doctor'))}
+{coverage_html(s.get('coverage'))}{doctor_html(report.get('doctor'))}
 <h2>Checks at a glance</h2>{matrix_html(report['checks'], report.get('drafts') or [])}
 <h2>Root causes</h2>{root_causes_html(report)}
 {acceptance_html(report)}{convention_html(report.get('observed_convention'))}

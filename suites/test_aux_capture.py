@@ -14,13 +14,17 @@ from harness.strategies import prompts
 
 
 def _check(engine: Engine, oracle: Oracle, spec: DraftSpec, draft_name: str,
-           batch: list[list[int]], check: str, report=None) -> None:
+           batch: list[list[int]], check: str, report=None, context: bool = False) -> None:
     capture = engine.capture(batch)
+    pinned = oracle.pinned_prompts
     diag = assert_capture_matches_oracle(
         features=capture.features, oracle=oracle, prompts=batch, dtype=engine.options.dtype,
         device=engine.options.device,
         training_boundaries=spec.boundaries, engine_name=engine.name,
-        engine_convention=engine.convention, config_ids=spec.layer_ids, draft=draft_name, check=check)
+        engine_convention=engine.convention, config_ids=spec.layer_ids, draft=draft_name, check=check,
+        alone=lambda: [engine.capture([p]).features[0] for p in batch],
+        context=(lambda: (engine.capture(pinned).features, [oracle.features(p) for p in pinned]))
+        if context else None)
     if report is not None:
         report.metric(draft_name, "capture_worst_rel_error",
                       max((s.rel_error for s in diag.slots), default=0.0))
@@ -45,4 +49,4 @@ def test_capture_drawn_prompts(engine: Engine, oracle: Oracle, spec: DraftSpec, 
     draft = oracle.draft(draft_name)
     outside = (~draft.t2d).nonzero().flatten()[3:].tolist()
     prompt = data.draw(prompts(draft.cfg.vocab_size, oracle.pinned_prompts, 32, outside), label="prompt")
-    _check(engine, oracle, spec, draft_name, [prompt], "test_capture_drawn_prompts")
+    _check(engine, oracle, spec, draft_name, [prompt], "test_capture_drawn_prompts", context=True)

@@ -8,8 +8,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from harness.assertions import batch_leaks, divergence, fail, require
+from harness.diagnosis.capture import diagnose_capture
+from harness.diagnosis.record import Diagnosis
 from harness.engines.base import Capability, Engine
 from harness.finite import assert_finite
+from harness.golden.bundle import DraftSpec
 from harness.golden.oracle import Oracle
 from harness.strategies import BatchShape, batch_shapes
 from harness.tolerances import tolerance_for
@@ -26,7 +29,7 @@ SETTINGS = settings(suppress_health_check=[HealthCheck.function_scoped_fixture, 
 
 @SETTINGS
 @given(shape=batch_shapes(), data=st.data())
-def test_capture_batch_invariant(engine: Engine, oracle: Oracle, draft_name: str,
+def test_capture_batch_invariant(engine: Engine, oracle: Oracle, draft_name: str, spec: DraftSpec,
                                  shape: BatchShape, data: st.DataObject) -> None:
     require(engine, Capability.CAPTURE)
     probe = data.draw(st.sampled_from(oracle.pinned_prompts), label="probe")
@@ -34,22 +37,32 @@ def test_capture_batch_invariant(engine: Engine, oracle: Oracle, draft_name: str
     batch = _batch(oracle, shape, probe)
     inside = engine.capture(batch).features[shape.position]
     assert_finite("the aux features the engine handed the draft", [alone, inside])
-    if inside.shape != alone.shape:
-        fail(f"probe prompt {probe} gets {tuple(inside.shape)} draft features at batch position "
-             f"{shape.position} of {shape.size}, {tuple(alone.shape)} alone; the engine's "
-             f"padding/packing leaks into the aux states", draft=draft_name,
-             engine_name=engine.name, prompts=batch)
     dtype = engine.options.dtype
-    strict = tolerance_for(dtype).strict
-    bad, total, worst, bound = batch_leaks(
-        inside, alone, dtype=dtype, golden=None if strict else oracle.features(probe),
-        noise=None if strict else oracle.reference_features(probe, dtype, engine.options.device))
-    if bad:
+    tol = tolerance_for(dtype)
+    bad = total = 0
+    worst, bound = 0.0, ""
+    if inside.shape == alone.shape:
+        bad, total, worst, bound = batch_leaks(
+            inside, alone, dtype=dtype, golden=None if tol.strict else oracle.features(probe),
+            noise=None if tol.strict else oracle.reference_features(probe, dtype, engine.options.device))
+    if inside.shape != alone.shape or bad:
+        # the evidence for the cause: every member of the batch captured alone and in it
+        together = engine.capture(batch).features
+        solo = [engine.capture([p]).features[0] for p in batch]
+        golden = [oracle.features(p) for p in batch]
+        diag = diagnose_capture(together, golden, spec.boundaries, engine_convention=engine.convention,
+                                config_ids=spec.layer_ids, rtol=tol.rtol, separation=tol.separation,
+                                alone=solo)
+        if diag.kind == "ok":  # the batch matches training: it is the solo capture that is off
+            diag = diagnose_capture(solo, golden, spec.boundaries, engine_convention=engine.convention,
+                                    config_ids=spec.layer_ids, rtol=tol.rtol, separation=tol.separation)
+        found = (f"{tuple(inside.shape)} draft features inside the batch, {tuple(alone.shape)} alone"
+                 if inside.shape != alone.shape else
+                 f"{bad}/{total} tokens off, worst relative error {worst:.3g} (tolerance {bound})")
         fail(f"probe prompt {probe} gets different draft features at batch position "
              f"{shape.position} of {shape.size} (companion lengths {list(shape.companion_lengths)}): "
-             f"{bad}/{total} tokens off, worst relative error {worst:.3g} (tolerance {bound}); "
-             f"the engine's padding/packing leaks into the aux states", draft=draft_name,
-             engine_name=engine.name, prompts=batch)
+             f"{found}; the engine's padding/packing leaks into the aux states. {diag.message}",
+             draft=draft_name, engine_name=engine.name, prompts=batch, diagnoses=[diag])
 
 
 @SETTINGS
@@ -63,6 +76,12 @@ def test_generation_batch_invariant(engine: Engine, oracle: Oracle, draft_name: 
     inside = generate(engine, batch, 16, True).tokens[shape.position]
     _, failure = divergence(oracle, probe, inside, alone, engine.options.dtype, engine.options.device)
     if failure:
-        fail(f"greedy speculative output of a prompt changes with its batch (position "
-             f"{shape.position} of {shape.size}, companion lengths {list(shape.companion_lengths)}): "
-             f"{failure}", draft=draft_name, engine_name=engine.name, prompts=batch)
+        text = (f"greedy speculative output of a prompt changes with its batch (position "
+                f"{shape.position} of {shape.size}, companion lengths {list(shape.companion_lengths)}): "
+                f"{failure}")
+        diag = Diagnosis(kind="batch_dependent", message=f"{text}; root cause: batch-dependent "
+                         "generation — the same prompt decodes differently alone and in a batch, "
+                         "beyond the fp32 near-tie noise (the evidence: the first differing token)",
+                         engine_boundaries=[], training_boundaries=[], suggested_layer_ids=None,
+                         details={"position": shape.position, "batch_size": shape.size})
+        fail(text, draft=draft_name, engine_name=engine.name, prompts=batch, diagnoses=[diag])

@@ -183,3 +183,15 @@ def test_selftest_counts_a_drawn_ids_mutant_only_when_the_layer_id_check_fails(
     row = json.loads((drawn / "selftest.json").read_text())["mutants"][0]
     assert code == 0 and row["caught"] and row["diagnosis_correct"], capsys.readouterr().out
     assert all(c.startswith("test_layer_ids.py::") for c in row["failed_checks"])
+
+
+def test_selftest_does_not_score_a_mutant_whose_bug_is_none_in_the_dtype(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """aux_rounded_bf16 rounds the aux states through bf16: inside a bf16 engine that changes
+    nothing, so in a bf16 selftest it is named as not run, never scored as missed."""
+    code = cli.main(["selftest", "--report-dir", str(tmp_path / "st"), "--no-control",
+                     "--dtype", "bfloat16", "--mutant", "aux_rounded_bf16"])
+    out, err = capsys.readouterr()
+    assert code == 2, out + err
+    assert "zoo:aux_rounded_bf16" in out and "not run: not a bug in bfloat16" in out
+    assert "no mutant applies in bfloat16" in err

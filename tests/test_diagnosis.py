@@ -171,11 +171,14 @@ def test_skipped_layers_arrive_as_fewer_slots(golden):
     assert d.kind == "stale_or_skipped" and "boundaries [4] never arrived" in d.message
 
 
-def test_unknown_and_json(golden):
+def test_unrecognised_and_json(golden):
     noise = torch.Generator().manual_seed(0)
     features = _engine(golden, [2, lambda g: torch.randn(g.boundaries[0].shape, generator=noise), 5])
     d = diagnose_capture(features, golden, SPECFORGE)
-    assert d.kind == "unknown" and d.engine_boundaries[1] is None
+    assert d.kind == "unrecognised" and d.engine_boundaries[1] is None
+    seen = d.details["seen"][1]
+    assert seen["expected"] == 4 and len(seen["nearest"]) == 2 and seen["first_off_tokens"]
+    assert "Seen per slot" in d.message and "Confidence margin: none" in d.message
     blob = json.loads(json.dumps(d.to_json()))
     assert {"kind", "message", "engine_boundaries", "training_boundaries",
             "suggested_layer_ids"} <= set(blob)
@@ -293,3 +296,72 @@ def test_offset_stopped_at_the_final_boundary(golden):
                          config_ids=[1, 3, 7])
     assert d.kind == "offset" and d.offset == 1
     assert "every slot but the final boundary is 1 boundary later" in d.message
+
+
+# -- issue #13: causes named from fitted evidence, never by elimination ----------------------
+
+
+def _noisy(scale: float, seed: int = 0):
+    gen = torch.Generator().manual_seed(seed)
+
+    def slot(b: int):
+        def make(g):
+            x = g.boundaries[b]
+            return x + scale * x.norm(dim=-1, keepdim=True) / x.shape[-1] ** 0.5 * torch.randn(
+                x.shape, generator=gen)
+        return make
+    return slot
+
+
+@pytest.mark.parametrize("train", [EMBED_FIRST, WITH_FINAL, SPECFORGE])
+def test_uniform_small_error_is_precision_loss_not_a_missing_endpoint(golden, train):
+    """The issue's example: 3e-3 noise on every aux state was named embedding_missing on the
+    embedding-first draft and final_boundary_missing on final-aux."""
+    slot = _noisy(3e-3)
+    d = diagnose_capture(_engine(golden, [slot(b) for b in train]), golden, train)
+    assert d.kind == "precision_loss", d.message
+    assert d.details["confidence_margin"] > 1 and "Confidence margin" in d.message
+    bf16 = [aux_features(g, train).bfloat16().float() for g in golden]
+    assert diagnose_capture(bf16, golden, train).kind == "precision_loss"
+
+
+def test_an_endpoint_slot_matching_nothing_is_not_missing(golden):
+    noise = torch.Generator().manual_seed(1)
+    features = _engine(golden, [lambda g: torch.randn(g.boundaries[0].shape, generator=noise), 4, 6])
+    assert diagnose_capture(features, golden, EMBED_FIRST).kind == "unrecognised"
+
+
+def test_normalised(golden):
+    gain = torch.linspace(0.5, 1.5, golden[0].boundaries.shape[-1])
+    d = diagnose_capture(_engine(golden, [lambda g: torch.nn.functional.rms_norm(
+        g.boundaries[2], (g.boundaries.shape[-1],), gain, 1e-6), 4, 5]), golden, SPECFORGE)
+    assert d.kind == "normalised" and d.details["evidence"]["slots"] == [0]
+
+
+def test_partial_residual(golden):
+    d = diagnose_capture(_engine(golden, [2, lambda g: g.boundaries[4] - g.mlp_out[4], 5]), golden, SPECFORGE)
+    assert d.kind == "partial_residual"
+
+
+def test_position_shifted(golden):
+    late = [lambda g, b=b: torch.nn.functional.pad(g.boundaries[b], (0, 0, 1, 0))[:-1] for b in SPECFORGE]
+    d = diagnose_capture(_engine(golden, late), golden, SPECFORGE)
+    assert d.kind == "position_shifted" and d.details["evidence"]["shift"] == 1
+
+
+def test_slots_aliased_and_interleaved(golden):
+    assert diagnose_capture(_engine(golden, [5, 5, 5]), golden, SPECFORGE).kind == "slots_aliased"
+    inter = [torch.stack([g.boundaries[b] for b in SPECFORGE], -1).flatten(-2) for g in golden]
+    assert diagnose_capture(inter, golden, SPECFORGE).kind == "slots_interleaved"
+
+
+def test_request_mixed_and_batch_dependent(golden):
+    right = [aux_features(g, SPECFORGE) for g in golden]
+    n = min(r.shape[0] for r in right)
+    swapped = [torch.cat([right[1][:n], right[0][n:]]), right[0][:right[1].shape[0]]]
+    d = diagnose_capture(swapped, golden, SPECFORGE)
+    assert d.kind == "request_mixed", d.message
+    leaked = _engine(golden, [_noisy(0.1)(b) for b in SPECFORGE])
+    assert diagnose_capture(leaked, golden, SPECFORGE, alone=right).kind == "batch_dependent"
+    # without the solo captures nothing fits a 10% error: no class by elimination
+    assert diagnose_capture(leaked, golden, SPECFORGE).kind == "unrecognised"

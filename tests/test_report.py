@@ -30,6 +30,7 @@ DIAG = {"kind": "offset", "message": "engine fed boundaries [3, 5] <b>", "engine
 def test_passes(report):
     report.metric("d1", "acceptance_length", 2.5)
     report.metric("d1", "nan_metric", float("nan"))
+    report.not_run("exact trace check", "the adapter exposes no traces")
 
 def test_fails_with_diagnosis(report):
     raise ConformanceFailure("aux features | differ", [DIAG])
@@ -170,6 +171,19 @@ def test_markdown_and_html(ran) -> None:
     assert "&lt;b&gt;" in page and "<b>" not in page  # messages are escaped
     for check in report["checks"]:
         assert check["id"] in page and check["id"] in md
+
+
+def test_checks_that_could_not_run_lower_the_coverage(ran) -> None:
+    """A part of a check that could not run is a line in report.md/html, and the verdict says
+    which concerns were judged (issue #13)."""
+    result, report, out = ran
+    line = "exact trace check did not run: the adapter exposes no traces"
+    cov = report["summary"]["coverage"]
+    assert cov["lines"] == [line] and cov["judged"] == ["checks"]
+    assert cov["not_run"][0]["check"].endswith("test_passes")
+    assert f"- {line}" in (out / "report.md").read_text()
+    assert f"<li>{line}</li>" in (out / "report.html").read_text()
+    assert f"judged: checks; not judged: {line}" in result.stdout.str()
 
 
 def test_stale_report_removed_and_none_written_on_usage_error(pytester: pytest.Pytester) -> None:
@@ -353,3 +367,32 @@ def test_conformance_failure_is_an_assertion_error() -> None:
 def test_jsonable() -> None:
     assert rep.jsonable({"a": (1, float("inf")), 2: {3}, "p": Path("/x")}) == \
         {"a": [1, None], "2": [3], "p": "/x"}
+
+
+FLAKY_CHECK = '''
+from hypothesis import HealthCheck, given, settings, strategies as st
+from harness.report import ConformanceFailure
+
+CALLS = []
+
+@settings(database=None, max_examples=5, suppress_health_check=list(HealthCheck))
+@given(st.integers(0, 3))
+def test_stateful_engine(report, x):
+    CALLS.append(x)
+    if len(CALLS) == 1:  # an engine whose first answer differs from its later ones
+        raise ConformanceFailure("first capture differs", [{"kind": "stale_or_skipped", "message": "m",
+            "engine_boundaries": [], "training_boundaries": [], "suggested_layer_ids": None}])
+'''
+
+
+def test_flaky_hypothesis_failure_is_reported_as_the_real_failure(pytester: pytest.Pytester) -> None:
+    """A state-dependent engine makes Hypothesis raise FlakyFailure: the report shows the real
+    failure and its diagnosis, and says the engine was not reproducible (issue #13)."""
+    pytester.makepyfile(test_flaky=FLAKY_CHECK)
+    pytester.runpytest("--report-dir", str(pytester.path / "out"))
+    report = json.loads((pytester.path / "out" / "report.json").read_text())
+    check = _by_name(report)["test_stateful_engine"]
+    assert check["status"] == "failed"
+    assert check["message"].startswith("not reproducible:") and "first capture differs" in check["message"]
+    assert "FlakyFailure" not in check["message"]
+    assert [d["kind"] for d in check["diagnoses"]] == ["stale_or_skipped"]

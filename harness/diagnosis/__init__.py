@@ -4,6 +4,9 @@ id list (or engine fix) that removes it. It words causes; it never decides pass/
 
 - `record`: the `Diagnosis` record, its kinds and the per-slot `SlotMatch`;
 - `fingerprint`: the per-token error measure and what each engine slot holds;
+- `evidence`: fitted models of what an engine did to its slots (precision, normalisation,
+  partial sum, shift, swapped requests, layout, batch dependence) and, where none fits, what
+  each slot was seen to hold;
 - `capture`: naming the cause of an aux-capture mismatch, and its wording;
 - `draft_side`: the kinds seen past the capture (fc, vocabulary map, draft cache);
 - `crash`: reading a cause out of an engine's error message.

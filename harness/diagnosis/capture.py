@@ -1,6 +1,8 @@
 """Capture classification: name the one cause that explains what the slots hold (offset,
 missing embedding, permuted order, normed final boundary, missing residual, skipped capture,
-ignored ids) and word it with the id list that fixes it in the engine's convention.
+ignored ids, aliased slots, and the fitted causes of `harness.diagnosis.evidence`) and word it
+with the id list that fixes it in the engine's convention. Where no cause fits, the outcome is
+`unrecognised` with what each slot was seen to hold: never a known class by elimination.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from harness.boundaries import (
     ids_to_boundaries,
     short_boundary,
 )
+from harness.diagnosis.evidence import explain, label_margin, seen_per_slot
 from harness.diagnosis.fingerprint import fingerprint
 from harness.diagnosis.record import FINAL_NORMED, ZERO, Diagnosis, Label, SlotMatch, mlp_label
 from harness.golden.features import TargetFeatures
@@ -81,15 +84,39 @@ def _classify(slots: list[SlotMatch], train: list[int], n: int) -> tuple[str, in
         inner = {f - t for f, t in zip(ints, train, strict=True) if not (f == t and t in (0, n))}
         if len(inner) == 1 and 0 not in inner:
             return "offset", inner.pop(), first_bad
-    if 0 in train and 0 not in found:
+    aliased = _aliased(slots)
+    if aliased is not None:
+        return "slots_aliased", None, aliased
+    # an endpoint is "missing" only on evidence: its slot holds zeros or another boundary (or
+    # never arrived); a slot that matches nothing is not evidence of anything
+    if 0 in train and 0 not in found and _holds_other(slots, train.index(0)):
         return "embedding_missing", None, train.index(0) if train.index(0) < len(slots) else first_bad
-    if n in train and n not in found:
+    if n in train and n not in found and _holds_other(slots, train.index(n)):
         return "final_boundary_missing", None, train.index(n) if train.index(n) < len(slots) else first_bad
     if len(ints) == len(found) < len(train) and set(ints) < set(train):
         # every slot that arrived is right, some never did: capture skipped for those layers
         # (SGLang's two-batch-overlap path captures nothing past the dense layers)
         return "stale_or_skipped", None, None
-    return "unknown", None, first_bad
+    return "unrecognised", None, first_bad
+
+
+def _holds_other(slots: list[SlotMatch], at: int) -> bool:
+    """The slot at `at` never arrived, or holds zeros or some other golden boundary."""
+    if at >= len(slots):
+        return True
+    return slots[at].found == ZERO or isinstance(slots[at].found, int)
+
+
+def _aliased(slots: list[SlotMatch]) -> int | None:
+    """The first slot holding the same boundary as an earlier slot where training put
+    different boundaries there: several slots share one buffer (the last capture written)."""
+    seen: dict[int, SlotMatch] = {}
+    for s in slots:
+        if isinstance(s.found, int) and s.match_fraction == 1.0:
+            first = seen.setdefault(s.found, s)
+            if first is not s and first.expected != s.expected:
+                return s.slot
+    return None
 
 
 _CAUSE = {
@@ -103,9 +130,30 @@ _CAUSE = {
                    "config lists (vLLM's V2 model runner reads a top-level eagle_aux_hidden_state_layer_ids "
                    "or eagle_config.layer_ids, never the nested eagle_config.eagle_aux_hidden_state_layer_ids "
                    "that SpecForge writes, and falls back to the model's (2, N//2, N-3))",
-    "unknown": "unknown — no single known cause explains the slots",
+    "slots_aliased": "slots aliased — several slots hold the same state: the engine's capture list "
+                     "holds one buffer that every capture overwrites, or copies one slot into all",
+    "precision_loss": "precision loss — the right boundaries, rounded: the engine passes the aux "
+                      "states through a lower precision than its compute dtype (a bf16/fp16 buffer)",
+    "normalised": "normalisation applied — the right boundaries after a normalisation: the engine "
+                  "captures inside the layer after its input norm, not the residual stream",
+    "partial_residual": "partial residual sum — the residual stream before the MLP's update was "
+                        "added: the engine captures `residual` after attention, not hidden + residual",
+    "position_shifted": "position shifted — each row holds another position's state: the engine pairs "
+                        "features and tokens off by the printed shift",
+    "request_mixed": "requests mixed — a request got another request's features: the engine "
+                     "indexes its batch rows wrongly when it hands the aux states over",
+    "slots_interleaved": "slots interleaved — the right states in the wrong memory layout: the engine "
+                         "stacks its slots and flattens [T, H, n] where training concatenates [T, n, H]",
+    "batch_dependent": "batch-dependent capture — right for a prompt alone, wrong in a batch: the "
+                       "engine's padding, packing or a batch-wide reduction leaks into the aux states",
+    "unrecognised": "unrecognised — no known cause fits the evidence; what each slot holds is listed",
 }
-_ENGINE_BUGS = ("final_boundary_normed", "residual_missing", "stale_or_skipped")
+_FITTED = ("precision_loss", "normalised", "partial_residual", "position_shifted", "request_mixed",
+           "slots_interleaved", "batch_dependent")
+_ENGINE_BUGS = ("final_boundary_normed", "residual_missing", "stale_or_skipped", "slots_aliased",
+                *_FITTED)
+# causes read off per-slot labels that no fitted model can overturn
+_LABELLED = ("ok", "final_boundary_normed", "residual_missing", "offset", "order_permuted")
 
 
 def _ignored_ids(found: list[Label], train: list[int], n: int,
@@ -151,6 +199,7 @@ def diagnose_capture(
     config_ids: Sequence[int] | None = None,
     rtol: float = rtol_for("float32"),
     separation: float = 0.0,
+    alone: Sequence[torch.Tensor] | None = None,
 ) -> Diagnosis:
     """Name the root cause of an aux-feature mismatch.
 
@@ -161,13 +210,19 @@ def diagnose_capture(
     ids, to say which convention the engine behaved like; rtol: per-token relative tolerance;
     separation: > 0 in reduced precision, where a token beyond rtol is labelled by the state
     it is identified as (see `harness.tolerances`), so precision noise never reads as a
-    skipped capture.
+    skipped capture; alone: per prompt, the engine's features of that prompt captured on its
+    own (evidence for a batch-dependent capture).
     """
     n = golden[0].num_layers
     train = [int(b) for b in training_boundaries]
     slots = fingerprint(features, golden, train, rtol, separation)
     found: list[Label] = [s.found for s in slots]
     kind, offset, at = _classify(slots, train, n)
+    finding = None
+    if kind not in _LABELLED or alone is not None:
+        finding = explain(features, golden, train, rtol, alone if kind != "ok" else None)
+        if finding is not None:
+            kind, offset, at = finding.kind, None, None
     # a uniform shift is the simpler explanation where both fit; ids_ignored explains the rest
     if kind not in ("ok", "offset", *_ENGINE_BUGS) and _ignored_ids(found, train, n, engine_convention,
                                                                      config_ids):
@@ -196,14 +251,31 @@ def diagnose_capture(
         except LayerIdError as err:
             fix = f"{err}."
 
-    message = _message(kind, offset, at, slots, train, n, consistent, config_ids) + " " + fix
+    details: dict = {"rtol": rtol, "separation": separation, "num_prompts": len(features),
+                     "engine_slots": len(slots), "training_slots": len(train),
+                     "slot_boundary_errors": [s.boundary_errors for s in slots]}
+    message = _message(kind, offset, at, slots, train, n, consistent, config_ids)
+    if finding is not None:
+        details.update(evidence=finding.data, confidence_margin=finding.margin)
+        message += f" Evidence: {finding.seen}."
+    elif kind == "unrecognised":
+        seen = seen_per_slot(features, golden, train, rtol)
+        details.update(seen=seen, confidence_margin=0.0)
+        message += " Seen per slot: " + "; ".join(
+            f"slot {d['slot']} (training b={d['expected']}) nearest "
+            + ", ".join(f"{c['state']} at {c['median_rel_error']:.3g}" for c in d["nearest"])
+            + (f", off at (prompt, token) {d['first_off_tokens']}" if d["first_off_tokens"] else "")
+            for d in seen) + "."
+    elif kind != "ok":
+        details["confidence_margin"] = label_margin(features, golden, found, rtol)
+    if "confidence_margin" in details and kind != "ok":
+        m = details["confidence_margin"]
+        message += (" Confidence margin: none, no explanation fits." if m == 0 else
+                    f" Confidence margin: the nearest competing explanation fits {m:.3g}x worse.")
+    message += " " + fix
     return Diagnosis(kind=kind, message=message, engine_boundaries=found, training_boundaries=train,
                      suggested_layer_ids=suggested, slots=slots, engine_convention=conv_name,
-                     consistent_conventions=consistent, num_layers=n, offset=offset,
-                     details={"rtol": rtol, "separation": separation,
-                              "num_prompts": len(features),
-                              "engine_slots": len(slots), "training_slots": len(train),
-                              "slot_boundary_errors": [s.boundary_errors for s in slots]})
+                     consistent_conventions=consistent, num_layers=n, offset=offset, details=details)
 
 
 def _message(kind: str, offset: int | None, at: int | None, slots: list[SlotMatch],

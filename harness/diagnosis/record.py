@@ -15,7 +15,9 @@ CRASH_KINDS = ("engine_crash", "hang")
 VALUE_KINDS = ("non_finite",)  # harness.finite
 CAPTURE_KINDS = ("ok", "offset", "embedding_missing", "order_permuted", "final_boundary_normed",
                  "final_boundary_missing", "residual_missing", "stale_or_skipped", "ids_ignored",
-                 "unknown")
+                 "slots_aliased", "precision_loss", "normalised", "partial_residual",
+                 "position_shifted", "request_mixed", "slots_interleaved", "batch_dependent",
+                 "unrecognised")
 DRAFT_SIDE_KINDS = ("fc_skipped", "fc_wrong", "fc_on_recurrent_state", "d2t_absolute",
             "draft_kv_not_rolled_back")
 THROUGHPUT_KINDS = ("speculation_overhead",)

@@ -29,6 +29,7 @@ from harness.boundaries import get_convention
 from harness.engines.reference import ReferenceEngine
 from harness.models.draft import DraftKV
 from harness.models.residual import TargetStates
+from harness.models.target import decoder_layers
 
 
 class Mutant(ReferenceEngine):
@@ -46,6 +47,9 @@ class Mutant(ReferenceEngine):
     # what the bug changes: "wiring" (what the draft sees or proposes) or "throughput" (only
     # how long speculation takes; tests/test_zoo.py checks each kind its own way)
     observable: ClassVar[str] = "wiring"
+    # dtypes in which the bug is no bug (rounding aux states to bf16 inside a bf16 engine
+    # changes nothing): the selftest runs it there as not applicable, named, not as missed
+    no_bug_in_dtypes: ClassVar[tuple[str, ...]] = ()
 
     def trained_boundaries(self) -> tuple[int, ...]:
         """What training put in each slot: the reference's reading of the ids."""
@@ -462,6 +466,152 @@ class Slowdown20(ServingLoopStall):
     factor = 1.2
 
 
+# -- issue #13: causes read from fitted evidence, not slot labels ---------------------------
+
+
+class AuxRoundedBf16(Mutant):
+    """Aux states rounded to bf16 inside an fp32 engine: the hand-off buffer between target and
+    draft is allocated in a fixed half dtype whatever the model runs in (the aux buffer sized and
+    typed separately from the model in sgl-project/sglang#10059, PD disaggregation's hidden-state
+    transfer; the aux-buffer dtype of a draft extend built apart from the target in
+    sgl-project/sglang PR #24663). Every slot is its trained boundary, rounded."""
+
+    name = "zoo:aux_rounded_bf16"
+    bug_class = "aux states rounded through a bf16 buffer inside an fp32 engine"
+    expected_diagnosis_kind = "precision_loss"
+    hook = "take_state"
+    no_bug_in_dtypes = ("bfloat16",)
+    issue = "sgl-project/sglang#10059; sgl-project/sglang PR #24663"
+
+    def take_state(self, boundary: int, states: TargetStates) -> torch.Tensor:
+        x = states.inputs[boundary]
+        return x.to(torch.bfloat16).to(x.dtype)
+
+
+class AuxAfterInputNorm(Mutant):
+    """Aux state captured inside the layer after its input RMSNorm, i.e. the tensor attention
+    sees, where training used the un-normalised residual stream (SpecForge PR #879 fixed
+    which hidden states are normalised; SafeAILab/EAGLE#91 and #233 discuss pre- vs post-norm
+    features). Boundaries below N are captured normed by layer b's input norm; boundary N is
+    captured after the loop, correctly."""
+
+    name = "zoo:aux_after_input_norm"
+    bug_class = "aux state captured after the layer's input norm (normalised, not the residual stream)"
+    expected_diagnosis_kind = "normalised"
+    hook = "take_state"
+    issue = "sgl-project/SpecForge PR #879; SafeAILab/EAGLE#91; SafeAILab/EAGLE#233"
+
+    def take_state(self, boundary: int, states: TargetStates) -> torch.Tensor:
+        x = states.inputs[boundary]
+        if boundary >= self.num_layers:
+            return x
+        return decoder_layers(self.target)[boundary].input_layernorm(x)
+
+
+class AuxResidualOnly(Mutant):
+    """Only the `residual` tensor captured: with fused add-norm kernels a layer returns
+    (mlp_out, residual) and the residual then holds the stream after attention, before the
+    MLP's update; training's boundary is their sum (vllm-project/vllm PR #14464: a norm that
+    returned `hidden` without `residual`; the broken residual path flagged in
+    vllm-project/vllm PR #26164). The embedding slot has no layer before it and is right."""
+
+    name = "zoo:aux_residual_only"
+    bug_class = "aux state is the pre-MLP residual alone (a partial sum of the residual stream)"
+    expected_diagnosis_kind = "partial_residual"
+    hook = "take_state"
+    issue = "vllm-project/vllm PR #14464; vllm-project/vllm PR #26164"
+
+    def take_state(self, boundary: int, states: TargetStates) -> torch.Tensor:
+        if boundary == 0:
+            return states.inputs[0]
+        return states.inputs[boundary] - states.mlp_out[boundary]
+
+
+class AuxBufferAliased(Mutant):
+    """Every slot holds the deepest capture: the engine appends one preallocated buffer to its
+    capture list and overwrites it in place at each captured layer, so all list entries alias
+    the last state written (the in-place capture buffers of CUDA-graph paths; cf. the aux
+    buffer reuse between prefill and decode in sgl-project/sglang#10059). [2,4,5] -> [5,5,5]."""
+
+    name = "zoo:aux_buffer_aliased"
+    bug_class = "all aux slots alias one buffer: every slot holds the last captured state"
+    expected_diagnosis_kind = "slots_aliased"
+    hook = "combine"
+    issue = "sgl-project/sglang#10059"
+
+    def combine(self, slots: list[torch.Tensor]) -> torch.Tensor:
+        return torch.cat([slots[-1]] * len(slots), dim=-1)
+
+
+class AuxRowsOneLate(Mutant):
+    """Aux rows one position late: the engine pairs token t with the target's state at t - 1
+    (the first row zero), the off-by-one between EAGLE's (token t+1, feature t) pairing and a
+    buffer written at the token's own index (sgl-project/sglang#26163: per-token hidden
+    states truncated and misattributed under speculative decoding; the hidden-state
+    truncation in openvinotoolkit/openvino.genai PR #3055)."""
+
+    name = "zoo:aux_rows_one_late"
+    bug_class = "aux rows one position late (token t gets the state of token t-1)"
+    expected_diagnosis_kind = "position_shifted"
+    hook = "take_state"
+    issue = "sgl-project/sglang#26163; openvinotoolkit/openvino.genai PR #3055"
+
+    def take_state(self, boundary: int, states: TargetStates) -> torch.Tensor:
+        x = states.inputs[boundary]
+        return torch.nn.functional.pad(x, (0, 0, 1, 0))[:, :-1]
+
+
+class AuxRequestsRotated(Mutant):
+    """A request gets its batch neighbour's aux rows: the aux states are gathered with the
+    previous request's index (sgl-project/sglang#26163: hidden states returned under
+    speculative decoding with "possible cross-request misattribution"). A batch of one is
+    right, so only batched captures show it."""
+
+    name = "zoo:aux_requests_rotated"
+    bug_class = "aux rows of request i taken from request i-1 of the batch"
+    expected_diagnosis_kind = "request_mixed"
+    hook = "take_state"
+    issue = "sgl-project/sglang#26163"
+
+    def take_state(self, boundary: int, states: TargetStates) -> torch.Tensor:
+        return states.inputs[boundary].roll(1, dims=0)
+
+
+class AuxBatchLeak(Mutant):
+    """A batch-wide reduction leaks into the aux states: each request's state is pulled a
+    quarter of the way to the batch mean (a normalisation or padding fix-up computed over the
+    whole padded batch instead of per request; batch size > 1 paths are where EAGLE ports
+    break, SafeAILab/EAGLE#250 and #90). A batch of one is untouched."""
+
+    name = "zoo:aux_batch_leak"
+    bug_class = "aux states mixed with the batch mean (batch-dependent capture)"
+    expected_diagnosis_kind = "batch_dependent"
+    hook = "take_state"
+    issue = "SafeAILab/EAGLE#250; SafeAILab/EAGLE#90"
+    leak: ClassVar[float] = 0.25
+
+    def take_state(self, boundary: int, states: TargetStates) -> torch.Tensor:
+        x = states.inputs[boundary]
+        return x + self.leak * (x.mean(dim=0, keepdim=True) - x)
+
+
+class AuxSlotsInterleaved(Mutant):
+    """Slots stacked and flattened ([T, H, n]) where training concatenates them ([T, n, H]):
+    the fc input has the right width and the right numbers in the wrong layout (the
+    concatenation layout every engine re-implements when it builds the fc input, cf. the
+    [T, n*H] combine of vllm-project/vllm PR #16937 and the 3x-wide buffers of
+    sgl-project/sglang#10059). Single-aux drafts are untouched."""
+
+    name = "zoo:aux_slots_interleaved"
+    bug_class = "aux slots interleaved: stack(-1).flatten instead of cat(-1)"
+    expected_diagnosis_kind = "slots_interleaved"
+    hook = "combine"
+    issue = "vllm-project/vllm PR #16937; sgl-project/sglang#10059"
+
+    def combine(self, slots: list[torch.Tensor]) -> torch.Tensor:
+        return torch.stack(slots, dim=-1).flatten(-2)
+
+
 MUTANTS: dict[str, type[Mutant]] = {cls.name.removeprefix("zoo:"): cls for cls in (
     IdsMinusOne,
     IdsPlusOne,
@@ -482,6 +632,15 @@ MUTANTS: dict[str, type[Mutant]] = {cls.name.removeprefix("zoo:"): cls for cls i
     FirstIdShiftRule,
     TopLevelIdsIgnored,
     SlotsSorted,
+    # issue #13
+    AuxRoundedBf16,
+    AuxAfterInputNorm,
+    AuxResidualOnly,
+    AuxBufferAliased,
+    AuxRowsOneLate,
+    AuxRequestsRotated,
+    AuxBatchLeak,
+    AuxSlotsInterleaved,
 )}
 
 
