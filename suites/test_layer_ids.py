@@ -38,7 +38,14 @@ from harness.assertions import (
     assert_fix_holds,
     require,
 )
-from harness.boundaries import Convention, LayerIdError, get_convention, ids_to_boundaries
+from harness.boundaries import (
+    Convention,
+    LayerIdError,
+    boundaries_to_ids,
+    get_convention,
+    ids_to_boundaries,
+)
+from harness.diagnosis.capture import embedding_only, embedding_or_shift
 from harness.diagnosis.crash import crash_diagnosis
 from harness.diagnosis.record import Diagnosis
 from harness.engines.base import (
@@ -173,13 +180,26 @@ class ServedDrafts:
             return Served(ids, layout, crash=message, failure=ConformanceFailure(
                 f"ids {list(ids)} ({layout} config) crashed the engine: {message} (a config that "
                 f"crashed is not restarted for other prompts)", diagnoses))
+        pinned = self.oracle.pinned_prompts
+        key = (ids, layout, self.told_key(told))
+
+        def context() -> tuple[list, list]:
+            # a shrunk example has a row or two: the whole pinned capture (cached) is the
+            # evidence the diagnosis needs
+            whole = self.capture(ids, layout, told, pinned)
+            assert not isinstance(whole, tuple)  # it served the subset cut from it
+            return whole.features, [self.oracle.features(p) for p in pinned]
+
         try:
             diag = assert_capture_matches_oracle(
                 features=out.features, oracle=self.oracle, prompts=batch, dtype=self.options.dtype,
                 device=self.options.device,
                 training_boundaries=list(trained), engine_name=self.engine_class.name,
                 engine_convention=self.engine_class.convention, config_ids=ids,
-                draft=f"ids {list(ids)} ({layout})", check=check)
+                draft=f"ids {list(ids)} ({layout})", check=check, context=context,
+                # rows are cut from one capture of the pinned batch: each prompt served on its
+                # own is the evidence that tells a batch-dependent capture from other causes
+                alone=lambda: [self._engine(key).capture([p]).features[0] for p in batch])
             failure = None
         except ConformanceFailure as f:
             diag, failure = f.diagnoses[0], f
@@ -303,8 +323,23 @@ def test_drawn_layer_ids_served_as_trained(layout: str, engine_class: type, budg
     if served.budget_s is not None and served.budget_s <= 0 and served.is_new(ids, layout, told_name):
         served.rejected += 1
         reject()  # past the start-up budget: only configs already served are drawn on
-    served.check(ids, layout, told_name, trained, [pinned[i] for i in rows],
-                 f"test_drawn_layer_ids_served_as_trained[{layout}]")
+    check = f"test_drawn_layer_ids_served_as_trained[{layout}]"
+    batch = [pinned[i] for i in rows]
+    result = served.serve(ids, layout, told_name, trained, batch, check)
+    if result.failure is None:
+        return
+    diag = result.failure.diagnoses[0] if result.failure.diagnoses else None
+    if diag is not None and embedding_only(diag):
+        # shrinking ends here, at ids meaning [0]: a probe with a middle boundary too tells a
+        # shift of every id from a dropped embedding (harness.diagnosis.capture.embedding_or_shift)
+        probe_b = (0, n // 2)
+        probe = served.serve(boundaries_to_ids(probe_b, conventions[told], n), layout, told_name,
+                             probe_b, batch, check)
+        if probe.diagnosis is not None:
+            named = embedding_or_shift(diag, probe.diagnosis)
+            raise ConformanceFailure(str(result.failure).replace(diag.message, named.message),
+                                     [named])
+    raise result.failure
 
 
 @pytest.mark.parametrize("layout", FORMATS)

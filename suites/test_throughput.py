@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 import torch
 
+from harness.acceptance import acceptance_from_traces, explain_shortfall, golden_traces
 from harness.assertions import assert_speedup_consistent, require
 from harness.engines.base import Capability, Engine, Generation
 from harness.engines.step_costs import synchronizer
@@ -126,6 +127,15 @@ def _interleaved(engine: Engine, prompts: list[list[int]]) -> tuple[float, float
     return best[False], best[True], gen
 
 
+def _golden_acceptance(oracle: Oracle, draft_name: str, prompts: list[list[int]]) -> float:
+    """Training's acceptance length on the workload (its golden simulated traces): what a
+    correctly wired engine reaches on these prompts."""
+    traces = golden_traces(oracle, draft_name)
+    pinned = [list(p) for p in oracle.pinned_prompts]
+    rows = [traces[pinned.index(list(p))] for p in prompts]
+    return acceptance_from_traces(rows, oracle.spec(draft_name).num_draft_tokens).mean_acceptance_length
+
+
 def test_speculation_pays_as_predicted(engine: Engine, oracle: Oracle, draft_name: str,
                                        report) -> None:
     require(engine, Capability.THROUGHPUT)
@@ -145,4 +155,7 @@ def test_speculation_pays_as_predicted(engine: Engine, oracle: Oracle, draft_nam
     report.metric(draft_name, "measured_speedup", round(finding.measured, 4))
     report.metric(draft_name, "step_costs", costs.to_json())
     assert_speedup_consistent(finding, engine_name=engine.name, draft=draft_name,
-                              prompts=prompts, check="test_speculation_pays_as_predicted")
+                              prompts=prompts, check="test_speculation_pays_as_predicted",
+                              trained_acceptance=_golden_acceptance(oracle, draft_name, prompts),
+                              dtype=engine.options.dtype,
+                              shortfall=lambda: explain_shortfall(engine, oracle, draft_name, gen, None))

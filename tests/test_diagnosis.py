@@ -365,3 +365,25 @@ def test_request_mixed_and_batch_dependent(golden):
     assert diagnose_capture(leaked, golden, SPECFORGE, alone=right).kind == "batch_dependent"
     # without the solo captures nothing fits a 10% error: no class by elimination
     assert diagnose_capture(leaked, golden, SPECFORGE).kind == "unrecognised"
+
+
+def test_embedding_only_capture_is_named_by_the_probe() -> None:
+    """Ids meaning [0] fed boundary 1 fit a shift of every id and a dropped embedding alike;
+    the probe [0, 4] decides: [1, 5] is the offset, [1, 4] the lost embedding, and a probe
+    showing something else leaves the diagnosis as it was."""
+    from harness.diagnosis.capture import embedding_only, embedding_or_shift
+    from harness.diagnosis.record import Diagnosis
+
+    def diag(kind: str, found: list, train: list, offset: int | None = None) -> Diagnosis:
+        return Diagnosis(kind=kind, message=f"{kind} seen", engine_boundaries=found,
+                         training_boundaries=train, suggested_layer_ids=[1] if kind == "offset" else None,
+                         offset=offset)
+
+    shrunk = diag("offset", [1], [0], offset=1)
+    assert embedding_only(shrunk) and not embedding_only(diag("offset", [3, 5], [2, 4], 1))
+    shifted = embedding_or_shift(shrunk, diag("offset", [1, 5], [0, 4], offset=1))
+    assert shifted.kind == "offset" and shifted.offset == 1 and "probe" in shifted.details
+    dropped = embedding_or_shift(shrunk, diag("embedding_missing", [1, 4], [0, 4]))
+    assert dropped.kind == "embedding_missing" and dropped.suggested_layer_ids is None
+    assert "only the embedding slot is off" in dropped.message
+    assert embedding_or_shift(shrunk, diag("unrecognised", [None, None], [0, 4])) is shrunk

@@ -82,3 +82,30 @@ def test_bad_costs_are_refused(bad: dict) -> None:
 def test_acceptance_below_one_is_refused() -> None:
     with pytest.raises(ValueError, match="below 1"):
         predicted_speedup(costs(), 0.5)
+
+
+def _shortfall_named() -> object:
+    from harness.diagnosis.record import Diagnosis
+
+    return Diagnosis(kind="offset", message="root cause: offset -1", engine_boundaries=[1],
+                     training_boundaries=[2], suggested_layer_ids=None, offset=-1)
+
+
+def test_slow_speculation_with_low_acceptance_is_named_by_the_acceptance_cause() -> None:
+    """A wiring bug collapses acceptance and speculation stops paying: the gate's failure must
+    carry the acceptance explainer's cause, not `speculation_overhead` (a confidently wrong
+    name for the motivating user); with training's acceptance reached it is the overhead."""
+    from harness.assertions import assert_speedup_consistent
+    from harness.report import ConformanceFailure
+
+    finding = judge_speedup(costs(), 1.8, 0.9, rounds_per_token=1 / 1.8)
+    assert finding.failure is not None
+    args = dict(engine_name="e", draft="d", prompts=[[3]], check="c", dtype="float32",
+                shortfall=_shortfall_named)
+    with pytest.raises(ConformanceFailure) as low:
+        assert_speedup_consistent(finding, trained_acceptance=4.2, **args)
+    assert [d.kind for d in low.value.diagnoses] == ["offset"]
+    assert "the acceptance, not the serving loop" in str(low.value)
+    with pytest.raises(ConformanceFailure) as reached:
+        assert_speedup_consistent(finding, trained_acceptance=1.9, **args)  # within 10%
+    assert [d.kind for d in reached.value.diagnoses] == ["speculation_overhead"]

@@ -8,6 +8,7 @@ with the id list that fixes it in the engine's convention. Where no cause fits, 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 import torch
 
@@ -20,7 +21,7 @@ from harness.boundaries import (
     ids_to_boundaries,
     short_boundary,
 )
-from harness.diagnosis.evidence import explain, label_margin, seen_per_slot
+from harness.diagnosis.evidence import batch_dependence, explain, label_margin, seen_per_slot
 from harness.diagnosis.fingerprint import fingerprint
 from harness.diagnosis.record import FINAL_NORMED, ZERO, Diagnosis, Label, SlotMatch, mlp_label
 from harness.golden.features import TargetFeatures
@@ -219,10 +220,14 @@ def diagnose_capture(
     found: list[Label] = [s.found for s in slots]
     kind, offset, at = _classify(slots, train, n)
     finding = None
-    if kind not in _LABELLED or alone is not None:
-        finding = explain(features, golden, train, rtol, alone if kind != "ok" else None)
-        if finding is not None:
-            kind, offset, at = finding.kind, None, None
+    if kind not in _LABELLED:
+        finding = explain(features, golden, train, rtol, alone)
+    elif alone is not None and kind != "ok":
+        # a cause read off the slot labels stands (a normed final slot is not "normalised");
+        # solo captures can only add that the capture depends on the batch
+        finding = batch_dependence(features, alone, golden, train, rtol)
+    if finding is not None:
+        kind, offset, at = finding.kind, None, None
     # a uniform shift is the simpler explanation where both fit; ids_ignored explains the rest
     if kind not in ("ok", "offset", *_ENGINE_BUGS) and _ignored_ids(found, train, n, engine_convention,
                                                                      config_ids):
@@ -319,3 +324,35 @@ def _message(kind: str, offset: int | None, at: int | None, slots: list[SlotMatc
     if consistent and config_ids is not None:
         msg += f" The engine read ids {list(config_ids)} as {' / '.join(consistent)} would."
     return msg
+
+
+def embedding_only(diag: Diagnosis) -> bool:
+    """A capture whose every trained slot is the embedding, found shifted or missing: from its
+    slots alone "every slot one boundary later" and "the embedding dropped" fit equally (a
+    failing layer-id example shrinks to exactly this, ids meaning [0])."""
+    return (diag.kind in ("offset", "embedding_missing") and bool(diag.training_boundaries)
+            and set(diag.training_boundaries) == {0})
+
+
+def embedding_or_shift(diag: Diagnosis, probe: Diagnosis) -> Diagnosis:
+    """Separate the two causes `embedding_only` cannot, with a probe served the same way whose
+    slots are the embedding and a middle boundary: a middle slot shifted too is the offset, an
+    exact middle slot with the embedding off is the lost embedding. A probe showing anything
+    else leaves the diagnosis as it was (the evidence does not decide)."""
+    if probe.kind == "offset":
+        kind, offset = "offset", probe.offset
+    elif probe.kind == "embedding_missing":
+        kind, offset = "embedding_missing", None
+    else:
+        return diag
+    cause = (f"offset {probe.offset:+d} — every boundary is read {abs(probe.offset or 0)} off, the "
+             "embedding with it" if kind == "offset" else
+             "embedding missing — only the embedding slot is off; later boundaries are captured "
+             "as trained")
+    message = (f"the slots trained on the embedding hold {list(diag.engine_boundaries)}, which alone "
+               f"fits both a shift of every id and a dropped embedding; a probe served the same "
+               f"way with boundaries {list(probe.training_boundaries)} holds "
+               f"{list(probe.engine_boundaries)}. root cause: {cause}. Probe: {probe.message}")
+    return replace(diag, kind=kind, offset=offset, message=message,
+                   suggested_layer_ids=diag.suggested_layer_ids if kind == "offset" else None,
+                   details={**diag.details, "probe": probe.to_json()})
