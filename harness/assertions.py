@@ -114,9 +114,10 @@ def assert_capture_matches(*, features: Sequence[torch.Tensor], golden: Sequence
                            config_ids: Sequence[int], draft: str,
                            prompts: Sequence[Sequence[int]], check: str,
                            noise: Sequence[TargetFeatures] | None = None,
-                           alone: Callable[[], Sequence[torch.Tensor]] | None = None,
-                           context: Callable[[], tuple[Sequence[torch.Tensor], Sequence[TargetFeatures]]]
-                           | None = None) -> Diagnosis:
+                           alone: Callable[[Sequence[Sequence[int]]], Sequence[torch.Tensor]] | None = None,
+                           context: Callable[[], tuple[Sequence[Sequence[int]], Sequence[torch.Tensor],
+                                                       Sequence[TargetFeatures]]] | None = None,
+                           in_batch: bool | None = None) -> Diagnosis:
     """The engine handed the draft, slot by slot and token by token, what training used.
 
     fp32: every token within the strict bound. Reduced precision: no token may be what a
@@ -126,11 +127,12 @@ def assert_capture_matches(*, features: Sequence[torch.Tensor], golden: Sequence
     (`Oracle.reference_features`). Tokens precision makes ambiguous pass and are reported in
     the returned diagnosis' details["precision"].
 
-    Only for the diagnosis, never for pass/fail: `alone`, the engine's features of each prompt
-    captured on its own, asked for only when the batch differs from training (the evidence that
-    tells a batch-dependent capture from every other cause); `context`, the engine's features
-    and the golden features of more prompts, asked for only on a mismatch, so that a shrunk
-    one-token example is diagnosed with enough evidence (a lone zero row fits many causes)."""
+    Only for the diagnosis, never for pass/fail, and asked for only on a mismatch: `context`,
+    more prompts with the engine's and the golden features, so that a shrunk one-token example
+    is diagnosed with enough evidence (a lone zero row fits many causes); `alone`, the engine's
+    features of the given prompts each captured on its own (the evidence that tells a
+    batch-dependent capture from every other cause), used where the diagnosed rows were
+    captured in a batch: `in_batch` (default: more than one prompt), or context rows."""
     assert_finite("the aux features the engine handed the draft", features)
     hidden = golden[0].boundaries.shape[-1]
     expected_width = len(training_boundaries) * hidden
@@ -138,15 +140,18 @@ def assert_capture_matches(*, features: Sequence[torch.Tensor], golden: Sequence
     tol = tolerance_for(dtype)
     diag = diagnose_capture(features, golden, training_boundaries, engine_convention=engine_convention,
                             config_ids=config_ids, rtol=tol.rtol, separation=tol.separation)
+    seen_p, seen_x, seen_g = list(prompts), list(features), list(golden)
     if diag.kind != "ok" and context is not None:
-        more, more_golden = context()
-        diag = diagnose_capture([*features, *more], [*golden, *more_golden], training_boundaries,
+        more_p, more, more_golden = context()
+        seen_p, seen_x, seen_g = [*seen_p, *more_p], [*seen_x, *more], [*seen_g, *more_golden]
+        diag = diagnose_capture(seen_x, seen_g, training_boundaries,
                                 engine_convention=engine_convention, config_ids=config_ids,
                                 rtol=tol.rtol, separation=tol.separation)
-    if diag.kind != "ok" and alone is not None and len(features) > 1:
-        diag = diagnose_capture(features, golden, training_boundaries,
+    batched = len(features) > 1 if in_batch is None else in_batch
+    if diag.kind != "ok" and alone is not None and (batched or len(seen_x) > len(features)):
+        diag = diagnose_capture(seen_x, seen_g, training_boundaries,
                                 engine_convention=engine_convention, config_ids=config_ids,
-                                rtol=tol.rtol, separation=tol.separation, alone=alone())
+                                rtol=tol.rtol, separation=tol.separation, alone=alone(seen_p))
     if widths != {expected_width}:
         fail(f"the engine handed the draft {sorted(widths)}-wide features, training fed fc "
              f"{expected_width} = {len(training_boundaries)} aux states x {hidden}; "

@@ -22,8 +22,8 @@ def _check(engine: Engine, oracle: Oracle, spec: DraftSpec, draft_name: str,
         device=engine.options.device,
         training_boundaries=spec.boundaries, engine_name=engine.name,
         engine_convention=engine.convention, config_ids=spec.layer_ids, draft=draft_name, check=check,
-        alone=lambda: [engine.capture([p]).features[0] for p in batch],
-        context=(lambda: (engine.capture(pinned).features, [oracle.features(p) for p in pinned]))
+        alone=lambda some: [engine.capture([p]).features[0] for p in some],
+        context=(lambda: (pinned, engine.capture(pinned).features, [oracle.features(p) for p in pinned]))
         if context else None)
     if report is not None:
         report.metric(draft_name, "capture_worst_rel_error",

@@ -183,12 +183,12 @@ class ServedDrafts:
         pinned = self.oracle.pinned_prompts
         key = (ids, layout, self.told_key(told))
 
-        def context() -> tuple[list, list]:
+        def context() -> tuple[list, list, list]:
             # a shrunk example has a row or two: the whole pinned capture (cached) is the
             # evidence the diagnosis needs
             whole = self.capture(ids, layout, told, pinned)
             assert not isinstance(whole, tuple)  # it served the subset cut from it
-            return whole.features, [self.oracle.features(p) for p in pinned]
+            return list(pinned), whole.features, [self.oracle.features(p) for p in pinned]
 
         try:
             diag = assert_capture_matches_oracle(
@@ -199,7 +199,8 @@ class ServedDrafts:
                 draft=f"ids {list(ids)} ({layout})", check=check, context=context,
                 # rows are cut from one capture of the pinned batch: each prompt served on its
                 # own is the evidence that tells a batch-dependent capture from other causes
-                alone=lambda: [self._engine(key).capture([p]).features[0] for p in batch])
+                in_batch=True,
+                alone=lambda some: [self._engine(key).capture([p]).features[0] for p in some])
             failure = None
         except ConformanceFailure as f:
             diag, failure = f.diagnoses[0], f
