@@ -29,7 +29,8 @@ from harness.registry import known_names, resolve_engine
 from harness.timeouts import EngineHang, call_with_deadline
 
 HOOKS = ("capture_boundaries", "take_state", "combine", "project", "draft_step_hidden",
-         "map_draft_ids", "rollback", "layer_is_moe")
+         "map_draft_ids", "rollback", "layer_is_moe", "refeed_features", "draft_positions",
+         "draft_cache")
 # "owner/repo#123", "PR #123", "issue #123": a reference someone can open.
 ISSUE = re.compile(r"([\w.-]+/[\w.-]+#\d+|PR #\d+)")
 NEW_TOKENS = 24
