@@ -202,9 +202,9 @@ def _prefix(features: TargetFeatures, rows: int) -> TargetFeatures:
                           mlp_out=features.mlp_out[:, :rows], logits=None)
 
 
-def _first_misplaced(decode: DecodeInputs, offsets: Sequence) -> tuple[int, int, str]:
+def _first_misplaced(decode: DecodeInputs) -> tuple[int, int, str]:
     """(prompt, feed, what) of the first feed or drafted step off its position."""
-    for i, (feeds, found) in enumerate(zip(decode.feeds, offsets, strict=True)):
+    for i, feeds in enumerate(decode.feeds):
         start = 0
         for r, feed in enumerate(feeds):
             want = list(range(start, start + len(feed.positions)))
@@ -247,7 +247,7 @@ def assert_decode_inputs_match(*, decode: DecodeInputs, oracle, prompts: Sequenc
                for feeds in decode.feeds]
     diag = diagnose_positions(offsets)
     if diag is not None:
-        i, r, what = _first_misplaced(decode, offsets)
+        i, r, what = _first_misplaced(decode)
         fail(f"the draft's decode-time positions are not training's: prompt {i} feed {r} "
              f"({'the prefill' if r == 0 else f'after verify round {r}'}): {what} (exact "
              f"integers: no tolerance). {diag.message}", draft=draft, engine_name=engine_name,

@@ -8,7 +8,6 @@ from __future__ import annotations
 from functools import cache
 
 import pytest
-import torch
 
 from harness.assertions import assert_decode_inputs_match, assert_history_independent
 from harness.engines.base import DecodeInputs, DraftFeed
