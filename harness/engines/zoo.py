@@ -368,6 +368,7 @@ class DecodeRowsOneLate(Mutant):
     expected_diagnosis_kind = "decode_misaligned"
     hook = "refeed_features"
     issue = "openvinotoolkit/openvino.genai PR #3396 (hidden rows misaligned with accepted tokens)"
+    caught_by = "test_decode_inputs.py::"  # the check that sees it in every dtype
 
     def refeed_features(self, verified: torch.Tensor, previous: torch.Tensor) -> torch.Tensor:
         return torch.cat([previous, verified[:, :-1]], dim=1)
@@ -386,6 +387,7 @@ class DraftPositionsShifted(Mutant):
     expected_diagnosis_kind = "draft_positions_shifted"
     hook = "draft_positions"
     issue = "sgl-project/sglang PR #25015"
+    caught_by = "test_decode_inputs.py::"  # the check that sees it in every dtype
 
     def draft_positions(self, positions: torch.Tensor, phase: str) -> torch.Tensor:
         return positions + 1 if phase == "step" else positions
@@ -405,6 +407,7 @@ class StateLeaksBetweenRequests(Mutant):
     expected_diagnosis_kind = "history_dependent"
     hook = "draft_cache"
     issue = "ggml-org/llama.cpp#27852; ggml-org/llama.cpp#19231"
+    caught_by = "test_request_history.py::"  # the check that sees it in every dtype
 
     def draft_cache(self, needed: int) -> DraftKV:
         kv = self.__dict__.get("_leaked")
