@@ -314,7 +314,7 @@ class Eagle3Runtime:
         logits, aux = self.target_forward(ids, torch.arange(len(seq), device=self.device)[None], cache)
         seq.append(int(logits[0, -1].argmax()))
         kv = self.draft_cache(n_prompt + max_new_tokens + k + 1)
-        fed = aux[:, -1:]
+        last_row = aux[:, -1:]  # the target row of the last fed position (refeed_features)
         last = self._draft_feed(kv, seq[1:], aux, "prefill")[:, -1:]
         result = SpecResult([])
         while len(seq) - n_prompt < max_new_tokens:
@@ -341,8 +341,8 @@ class Eagle3Runtime:
             seq.extend(emitted)
             result.rounds.append(Round(p, beams.tolist(), a, _tree_size(beams)))
             self.rollback(kv, draft_len)
-            refed = self.refeed_features(aux[best:best + 1, :a + 1], fed)
-            fed = aux[best:best + 1, a:a + 1]
+            refed = self.refeed_features(aux[best:best + 1, :a + 1], last_row)
+            last_row = aux[best:best + 1, a:a + 1]
             last = self._draft_feed(kv, emitted, refed, "refeed")[:, -1:]
         result.tokens = seq[n_prompt:n_prompt + max_new_tokens]
         return result

@@ -41,7 +41,8 @@ class Mutant(ReferenceEngine):
     hook: ClassVar[str]  # the one Eagle3Runtime hook the mutant overrides
     issue: ClassVar[str]  # the public report(s) of the bug, also cited in the docstring
     # A check-id prefix: the selftest counts the mutant caught only if a check it names failed
-    # (None: any check). Set for bugs only a particular check can see.
+    # (None: any check). Set for bugs only a particular check can see, or one check must see
+    # whatever the dtype (the decode-time and history mutants).
     caught_by: ClassVar[str | None] = None
     # what the bug changes: "wiring" (what the draft sees or proposes) or "throughput" (only
     # how long speculation takes; tests/test_zoo.py checks each kind its own way)
