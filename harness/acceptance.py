@@ -11,7 +11,13 @@ from dataclasses import replace
 
 import torch
 
-from harness.assertions import ConformanceFailure, assert_capture_matches, fc_allowances, judge_fc
+from harness.assertions import (
+    ConformanceFailure,
+    assert_capture_matches,
+    assert_decode_inputs_match,
+    fc_allowances,
+    judge_fc,
+)
 from harness.diagnosis.draft_side import fc_diagnosis
 from harness.diagnosis.record import Diagnosis
 from harness.engines.base import Acceptance, Capability, Engine, EngineOptions, Generation
@@ -79,15 +85,31 @@ def explain_shortfall(engine: Engine, oracle: Oracle, draft: str, generation: Ge
         if not verdict.ok:
             assert verdict.diagnosis is not None
             return verdict.diagnosis
+    new_tokens = int(oracle.bundle.manifest["prompts"]["continuation_len"])
+    decode_verified = False
+    if Capability.DECODE_INPUTS in engine.capabilities:
+        # what the draft was fed after each verify round, positions included: the evidence
+        # that tells a misaligned re-feed, shifted draft positions, a cache not rolled back
+        # and state kept between requests apart (harness.diagnosis.decode)
+        try:
+            assert_decode_inputs_match(
+                decode=engine.decode_inputs(prompts, new_tokens), oracle=oracle, prompts=prompts,
+                training_boundaries=spec.boundaries, dtype=engine.options.dtype,
+                device=engine.options.device, engine_name=engine.name,
+                engine_convention=engine.convention, config_ids=spec.layer_ids, draft=draft,
+                check="explain_shortfall")
+            decode_verified = True
+        except ConformanceFailure as failed:
+            if failed.diagnoses:
+                return failed.diagnoses[0]
     if golden is None and generation.traces is not None and Capability.GENERATE in engine.capabilities:
         # held-out prompts have no golden trace: judge the draft loop on the pinned ones, where
         # training's per-round trace is stored (seconds, and only once a check has failed)
-        generation = engine.generate(prompts, int(oracle.bundle.manifest["prompts"]["continuation_len"]),
-                                     True)
+        generation = engine.generate(prompts, new_tokens, True)
         golden = golden_traces(oracle, draft)
     if generation.traces is not None and golden is not None:
         first_same = all(e[:1] == g[:1] for e, g in zip(generation.traces, golden, strict=True))
-        if first_same:
+        if first_same and not decode_verified:
             return fc_diagnosis("draft_kv_not_rolled_back",
                                 "every prompt's first verify round matches training, later rounds "
                                 "fall short: the draft state left over from a rejection is wrong")

@@ -364,7 +364,7 @@ def test_capture_hooks_change_what_the_draft_sees(random_dirs, random_engine, mu
 def test_engine_protocol(echo):
     assert echo.name == "reference" and echo.convention is None
     assert echo.capabilities == {Capability.CAPTURE, Capability.FC_PROBE, Capability.GENERATE,
-                                 Capability.THROUGHPUT}
+                                 Capability.THROUGHPUT, Capability.DECODE_INPUTS}
     assert "transformers" in echo.version()
     assert echo.generate([[5]], 0, True).tokens == [[]]
     assert echo.layer_is_moe(1) and not echo.layer_is_moe(0)

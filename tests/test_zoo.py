@@ -29,7 +29,8 @@ from harness.registry import known_names, resolve_engine
 from harness.timeouts import EngineHang, call_with_deadline
 
 HOOKS = ("capture_boundaries", "take_state", "combine", "project", "draft_step_hidden",
-         "map_draft_ids", "rollback", "layer_is_moe")
+         "map_draft_ids", "rollback", "layer_is_moe", "refeed_features", "draft_positions",
+         "draft_cache")
 # "owner/repo#123", "PR #123", "issue #123": a reference someone can open.
 ISSUE = re.compile(r"([\w.-]+/[\w.-]+#\d+|PR #\d+)")
 NEW_TOKENS = 24
@@ -163,8 +164,10 @@ def _proposals_differ(key: str, draft: str) -> bool:
     return got.generation.proposed != ref.generation.proposed
 
 
-BUNDLE_VISIBLE = sorted(k for k, c in MUTANTS.items() if c.observable == "wiring" and not c.caught_by)
-DRAWN_ONLY = sorted(k for k, c in MUTANTS.items() if c.caught_by)
+# caught only by the layer-id check's drawn drafts; the decode-time and history mutants name
+# their check too (`caught_by`) but show on the bundle's drafts
+DRAWN_ONLY = sorted(k for k, c in MUTANTS.items() if c.caught_by == "test_layer_ids.py::")
+BUNDLE_VISIBLE = sorted(k for k, c in MUTANTS.items() if c.observable == "wiring" and k not in DRAWN_ONLY)
 # Factory drafts outside the bundle's lists: unsorted, first id 1, both layouts, the trainers.
 DRAWN_DRAFTS = [((1, 5, 3), layout, told) for layout in FORMATS
                 for told in ("specforge", "eagle3-original")]

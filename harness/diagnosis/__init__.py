@@ -9,5 +9,6 @@ id list (or engine fix) that removes it. It words causes; it never decides pass/
   each slot was seen to hold;
 - `capture`: naming the cause of an aux-capture mismatch, and its wording;
 - `draft_side`: the kinds seen past the capture (fc, vocabulary map, draft cache);
+- `decode`: the kinds seen in the draft's decode-time feeds and in request history;
 - `crash`: reading a cause out of an engine's error message.
 """

@@ -20,8 +20,10 @@ CAPTURE_KINDS = ("ok", "offset", "embedding_missing", "order_permuted", "final_b
                  "unrecognised")
 DRAFT_SIDE_KINDS = ("fc_skipped", "fc_wrong", "fc_on_recurrent_state", "d2t_absolute",
             "draft_kv_not_rolled_back")
+DECODE_KINDS = ("decode_misaligned", "draft_positions_shifted", "history_dependent")  # diagnosis.decode
 THROUGHPUT_KINDS = ("speculation_overhead",)
-KINDS = CAPTURE_KINDS + DRAFT_SIDE_KINDS + CRASH_KINDS + VALUE_KINDS + THROUGHPUT_KINDS
+KINDS = (CAPTURE_KINDS + DRAFT_SIDE_KINDS + DECODE_KINDS + CRASH_KINDS + VALUE_KINDS
+         + THROUGHPUT_KINDS)
 
 FINAL_NORMED = "final_normed"
 ZERO = "zero"

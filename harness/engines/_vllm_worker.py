@@ -39,6 +39,8 @@ class _Server:
         self.speculative = spec["draft_dir"] is not None
         self.records: list[dict[str, Any]] = []
         self.recording = False
+        # decode_inputs: one dict per propose() call (a feed), filled by the three wrappers
+        self.feeds: list[dict[str, Any]] | None = None
         kwargs: dict[str, Any] = dict(
             model=spec["target_dir"], dtype=spec["dtype"], seed=spec["seed"],
             max_model_len=spec["max_model_len"], max_num_batched_tokens=max(
@@ -87,6 +89,8 @@ class _Server:
         original = drafter.combine_hidden_states
 
         def combine_hidden_states(hidden: Any) -> Any:
+            if self.feeds:
+                self.feeds[-1]["in"] = hidden.detach().float().cpu().clone()
             if not self.recording:
                 return original(hidden)
             record = {"in": hidden.detach().float().cpu().clone(), "out": None}
@@ -96,7 +100,71 @@ class _Server:
             return out
 
         drafter.combine_hidden_states = combine_hidden_states
+        self._install_feed_probe(proposer, drafter)
         return info
+
+    def _install_feed_probe(self, proposer: Any, drafter: Any) -> None:
+        """For decode_inputs: around each `propose` (one feed: the prefill, or the verify
+        round's k + 1 rows of which vLLM's padded drafter batch treats the rejected drafts
+        as padding), record the positions and the count of padding rows; the drafter's
+        forwards after the first in that call are the drafted steps, whose positions are
+        recorded too. The features are recorded by the combine_hidden_states probe."""
+        original_propose, original_forward = proposer.propose, drafter.forward
+
+        def propose(*args: Any, **kwargs: Any) -> Any:
+            if self.feeds is not None:
+                if "target_positions" not in kwargs:
+                    raise RuntimeError("vLLM called the drafter's propose without keyword "
+                                       "target_positions: the decode-input probe cannot read it")
+                rejected = kwargs.get("num_rejected_tokens_gpu")
+                self.feeds.append({
+                    "positions": [int(p) for p in kwargs["target_positions"].reshape(-1).tolist()],
+                    "padding": int(rejected.sum()) if rejected is not None else 0,
+                    "in": None, "forwards": 0, "steps": []})
+            return original_propose(*args, **kwargs)
+
+        def forward(*args: Any, **kwargs: Any) -> Any:
+            if self.feeds:
+                feed = self.feeds[-1]
+                feed["forwards"] += 1
+                positions = kwargs.get("positions", args[1] if len(args) > 1 else None)
+                if feed["forwards"] > 1 and positions is not None:
+                    feed["steps"].append(int(positions.reshape(-1)[0]))
+            return original_forward(*args, **kwargs)
+
+        proposer.propose = propose
+        drafter.forward = forward
+
+    def decode_inputs(self, prompts: Sequence[Sequence[int]], max_new_tokens: int,
+                      out_path: str) -> dict[str, Any]:
+        """One prompt per request, greedy: every feed of target features to the drafter with
+        its positions (padding rows dropped) and the drafted steps' positions; the rows go to
+        `out_path` (safetensors), the rest back over the pipe."""
+        from safetensors.torch import save_file
+        from vllm import SamplingParams
+
+        params = SamplingParams(temperature=0.0, max_tokens=max_new_tokens, ignore_eos=True,
+                                detokenize=False)
+        tensors: dict[str, Any] = {}
+        prompts_out: list[dict[str, Any]] = []
+        for i, prompt in enumerate(prompts):
+            self.feeds = []
+            try:
+                out = self.llm.generate([{"prompt_token_ids": list(prompt)}], params, use_tqdm=False)
+                feeds = self.feeds
+            finally:
+                self.feeds = None
+            meta = []
+            for r, feed in enumerate(feeds):
+                if feed["in"] is None:
+                    raise RuntimeError("vLLM's propose ran without calling combine_hidden_states: "
+                                       "no EAGLE-3 fc input to record")
+                rows = len(feed["positions"]) - feed["padding"]
+                tensors[f"feed.{i}.{r}"] = feed["in"][:rows].contiguous()
+                meta.append({"positions": feed["positions"][:rows], "steps": feed["steps"]})
+            prompts_out.append({"tokens": list(out[0].outputs[0].token_ids), "feeds": meta})
+        save_file(tensors, out_path)
+        return {"path": out_path, "prompts": prompts_out}
 
     def capture(self, prompts: Sequence[Sequence[int]], out_path: str) -> dict[str, Any]:
         """One prompt per step so the drafter's first call is exactly that prompt's prefill

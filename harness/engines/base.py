@@ -26,6 +26,7 @@ class Capability(str, enum.Enum):
     FC_PROBE = "fc_probe"  # the draft's fc output on those features
     GENERATE = "generate"  # greedy generation with and without speculation + acceptance
     THROUGHPUT = "throughput"  # generate timed by suites/test_throughput.py (pytest-benchmark)
+    DECODE_INPUTS = "decode_inputs"  # what the draft is fed at prefill and after each verify
 
 
 class EngineUnavailable(RuntimeError):
@@ -106,6 +107,31 @@ class Capture:
     fc_out: list[torch.Tensor] | None = None
 
 
+@dataclass
+class DraftFeed:
+    """One feed of target features to the draft: the prefill, or the re-feed of the verified
+    positions after a verify round. Rows the engine feeds only as padding (vLLM's padded
+    drafter batch feeds the rejected drafts too and masks them out) are left out.
+
+    positions: the draft positions the rows were fed at (what its rotary embedding used);
+    features: [len(positions), num_aux * target_hidden] float32, the fc input of those rows;
+    step_positions: the positions of the draft steps run after this feed to draft the next
+    round (steps 2..k, each fed the draft's own state; empty where not exposed)."""
+
+    positions: list[int]
+    features: torch.Tensor
+    step_positions: list[int] = field(default_factory=list)
+
+
+@dataclass
+class DecodeInputs:
+    """Per prompt, the greedy speculative continuation and every feed of target features the
+    draft got on the way, in order (the prefill first)."""
+
+    tokens: list[list[int]]  # new tokens per prompt, prompt excluded
+    feeds: list[list[DraftFeed]]
+
+
 class Engine(abc.ABC):
     """One engine. Subclasses declare `name` and `capabilities` and implement what they can."""
 
@@ -132,6 +158,12 @@ class Engine(abc.ABC):
     def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int,
                  speculative: bool) -> Generation:
         raise NotImplementedError(f"{self.name} cannot generate")
+
+    def decode_inputs(self, prompts: Sequence[Sequence[int]], max_new_tokens: int) -> DecodeInputs:
+        """Greedy speculative generation of each prompt, reporting what the draft was fed at
+        prefill and after every verify round (`DecodeInputs`). Record it where the engine
+        hands the rows to the draft, never recompute it in the adapter."""
+        raise NotImplementedError(f"{self.name} cannot report the draft's decode-time inputs")
 
     def step_costs(self, prompt: Sequence[int], acceptance_length: float) -> StepCosts | None:
         """Seconds per plain step, verify of k + 1 tokens, draft step and draft feed on this

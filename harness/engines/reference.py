@@ -21,6 +21,8 @@ from harness.engines.base import (
     Acceptance,
     Capability,
     Capture,
+    DecodeInputs,
+    DraftFeed,
     Engine,
     EngineOptions,
     Generation,
@@ -55,7 +57,7 @@ class ReferenceEngine(Eagle3Runtime, Engine):
 
     name = "reference"
     capabilities = frozenset({Capability.CAPTURE, Capability.FC_PROBE, Capability.GENERATE,
-                              Capability.THROUGHPUT})
+                              Capability.THROUGHPUT, Capability.DECODE_INPUTS})
     convention = None  # honours the draft's training convention
     capture_batch_size = 8
     padding_side = "right"
@@ -110,6 +112,21 @@ class ReferenceEngine(Eagle3Runtime, Engine):
         return Generation(tokens=[r.tokens for r in results], acceptance=total,
                           per_prompt_acceptance=per_prompt, traces=[r.trace for r in results],
                           proposed=[r.proposed for r in results])
+
+    def decode_inputs(self, prompts: Sequence[Sequence[int]], max_new_tokens: int) -> DecodeInputs:
+        """Prompt by prompt, the speculative run with every draft feed recorded where
+        `Eagle3Runtime._draft_feed` hands it to the draft (after the wiring hooks)."""
+        k, topk = self.options.num_draft_tokens, self.options.tree_topk
+        tokens: list[list[int]] = []
+        feeds: list[list[DraftFeed]] = []
+        for prompt in prompts:
+            self.feeds = []
+            try:
+                tokens.append(self.speculative(prompt, max_new_tokens, k, topk).tokens)
+                feeds.append(self.feeds)
+            finally:
+                self.feeds = None
+        return DecodeInputs(tokens=tokens, feeds=feeds)
 
     def step_costs(self, prompt: Sequence[int], acceptance_length: float) -> StepCosts:
         return measure_step_costs(self, prompt, self.options.num_draft_tokens, acceptance_length)

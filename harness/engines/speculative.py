@@ -28,7 +28,7 @@ from functools import cached_property
 import torch
 from transformers import DynamicCache
 
-from harness.engines.base import Acceptance
+from harness.engines.base import Acceptance, DraftFeed
 from harness.models.draft import DraftKV, Eagle3Draft
 from harness.models.residual import StateRecorder, TargetStates
 from harness.models.target import decoder_layers
@@ -110,6 +110,8 @@ class Eagle3Runtime:
         self.recorder = StateRecorder(target)
         self.device = next(target.parameters()).device
         self.pad_token_id = int(getattr(target.config, "pad_token_id", None) or 0)
+        # decode_inputs sets a list here: every draft feed is recorded as fed (None: not recording)
+        self.feeds: list[DraftFeed] | None = None
 
     def close_runtime(self) -> None:
         """Remove the hooks from the target (it may be shared with an oracle)."""
@@ -182,6 +184,33 @@ class Eagle3Runtime:
         drift), or a rollback by the wrong count."""
         kv.truncate(length)
 
+    def refeed_features(self, verified: torch.Tensor, previous: torch.Tensor) -> torch.Tensor:
+        """The target features re-fed to the draft after a verify, [1, a + 1, F]: the verify
+        forward's rows of the accepted positions p..p+a, each at its own position.
+        `previous` [1, 1, F] is the last row fed before them (position p - 1).
+
+        Mutants: the rows one late (row t gets the features of t - 1: an engine indexing the
+        verify output from the previous round's last position)."""
+        return verified
+
+    def draft_positions(self, positions: torch.Tensor, phase: str) -> torch.Tensor:
+        """The positions (rotary and causal mask) the draft runs new rows at: row t of the
+        sequence at position t, the prefill's rows, the re-fed rows and the drafted steps
+        alike (SpecForge trains with the target's position ids). `phase`: "prefill",
+        "refeed" (after a verify) or "step" (a drafted step j >= 2).
+
+        Mutants: the drafted steps one position too far (SGLang advanced the positions before
+        each draft decode forward instead of after, sgl-project/sglang PR #25015)."""
+        return positions
+
+    def draft_cache(self, needed: int) -> DraftKV:
+        """The draft cache a new request starts with: an empty one. `needed`: the positions
+        this request will use at most.
+
+        Mutants: the previous request's cache handed on uncleared (a slot reused without
+        resetting it), so the new request attends to another request's entries."""
+        return DraftKV()
+
     # ---------------------------------------------------------------- machinery ----------
 
     def aux_of(self, states: TargetStates) -> torch.Tensor:
@@ -201,12 +230,17 @@ class Eagle3Runtime:
             self.recorder.active = False
         return out.logits, aux
 
-    def _draft_feed(self, kv: DraftKV, next_tokens: Sequence[int], aux: torch.Tensor) -> torch.Tensor:
+    def _draft_feed(self, kv: DraftKV, next_tokens: Sequence[int], aux: torch.Tensor,
+                    phase: str) -> torch.Tensor:
         """Feed target-verified positions to the draft: position t gets (embed(token[t+1]),
-        fc(aux_t)); positions continue from the draft cache length. Returns [1, n, H]."""
+        fc(aux_t)); positions continue from the draft cache length. Returns [1, n, H]. While
+        `feeds` is a list (decode_inputs), each feed is recorded there as the draft got it."""
         n = len(next_tokens)
         ids = torch.tensor([list(next_tokens)], dtype=torch.long, device=self.device)
-        pos = torch.arange(kv.length, kv.length + n, device=self.device)[None]
+        pos = self.draft_positions(torch.arange(kv.length, kv.length + n, device=self.device)[None],
+                                   phase)
+        if self.feeds is not None:
+            self.feeds.append(DraftFeed([int(x) for x in pos[0]], aux[0].float().cpu()))
         hidden = self.project(aux.to(self.draft.fc.weight.dtype))
         return self.draft.step(ids, hidden, pos, kv)
 
@@ -226,7 +260,10 @@ class Eagle3Runtime:
         if w > 1:
             _kv_rows(kv, torch.zeros(w, dtype=torch.long, device=self.device))
         for depth in range(1, k):
-            pos = torch.full((w, 1), base + depth, dtype=torch.long, device=self.device)
+            pos = self.draft_positions(
+                torch.full((w, 1), base + depth, dtype=torch.long, device=self.device), "step")
+            if self.feeds:
+                self.feeds[-1].step_positions.append(int(pos[0, 0]))
             out = draft.step(beams[:, -1:], self.draft_step_hidden(hidden), pos, kv)
             logp = torch.log_softmax(draft.logits(out[:, -1]).float(), -1)  # [w, Vd]
             vd = logp.shape[-1]
@@ -276,8 +313,9 @@ class Eagle3Runtime:
         cache = DynamicCache(config=self.target.config)
         logits, aux = self.target_forward(ids, torch.arange(len(seq), device=self.device)[None], cache)
         seq.append(int(logits[0, -1].argmax()))
-        kv = DraftKV()
-        last = self._draft_feed(kv, seq[1:], aux)[:, -1:]
+        kv = self.draft_cache(n_prompt + max_new_tokens + k + 1)
+        last_row = aux[:, -1:]  # the target row of the last fed position (refeed_features)
+        last = self._draft_feed(kv, seq[1:], aux, "prefill")[:, -1:]
         result = SpecResult([])
         while len(seq) - n_prompt < max_new_tokens:
             p = len(seq) - 1  # tokens the target has cached
@@ -303,7 +341,9 @@ class Eagle3Runtime:
             seq.extend(emitted)
             result.rounds.append(Round(p, beams.tolist(), a, _tree_size(beams)))
             self.rollback(kv, draft_len)
-            last = self._draft_feed(kv, emitted, aux[best:best + 1, :a + 1])[:, -1:]
+            refed = self.refeed_features(aux[best:best + 1, :a + 1], last_row)
+            last_row = aux[best:best + 1, a:a + 1]
+            last = self._draft_feed(kv, emitted, refed, "refeed")[:, -1:]
         result.tokens = seq[n_prompt:n_prompt + max_new_tokens]
         return result
 

@@ -34,10 +34,15 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
+from safetensors.torch import load_file
+
 from harness.engines._vllm_worker import WorkerHandle
 from harness.engines._worker_engine import WorkerEngine, acceptance_from_histogram
 from harness.engines.base import (
     Acceptance,
+    Capability,
+    DecodeInputs,
+    DraftFeed,
     EngineCrash,
     EngineOptions,
     EngineUnavailable,
@@ -66,6 +71,7 @@ class VllmEngine(WorkerEngine):
     label: ClassVar[str] = "vLLM"
     handle_cls: ClassVar[type[WorkerHandle]] = WorkerHandle
     convention: ClassVar[str | None] = "vllm"
+    capabilities: ClassVar[frozenset[Capability]] = WorkerEngine.capabilities | {Capability.DECODE_INPUTS}
 
     def __init__(self, target_dir: Path, draft_dir: Path, options: EngineOptions) -> None:
         super().__init__(target_dir, draft_dir, options)
@@ -104,6 +110,20 @@ class VllmEngine(WorkerEngine):
             per_prompt_acceptance=[acceptance_from_histogram(m["histogram"], m["num_draft_tokens"], k)
                                    for m in per_request] if complete else None,
             traces=[list(m["per_step_accepted"]) for m in per_request] if complete else None)
+
+    def decode_inputs(self, prompts: Sequence[Sequence[int]], max_new_tokens: int) -> DecodeInputs:
+        """Recorded inside the worker at the drafter's own entry points (`propose`,
+        `combine_hidden_states`, its forward): `_vllm_worker._Server.decode_inputs`."""
+        out = self._scratch / "decode.safetensors"
+        try:
+            result = self._call_spec("decode_inputs", [list(p) for p in prompts], max_new_tokens, str(out))
+            rows = load_file(str(out))
+        finally:
+            out.unlink(missing_ok=True)
+        return DecodeInputs(
+            tokens=[m["tokens"] for m in result["prompts"]],
+            feeds=[[DraftFeed(f["positions"], rows[f"feed.{i}.{r}"], f["steps"])
+                    for r, f in enumerate(m["feeds"])] for i, m in enumerate(result["prompts"])])
 
     def info(self) -> dict[str, Any]:
         """The CPU workarounds this run applied (module docstring) and, once the speculative

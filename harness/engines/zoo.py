@@ -42,7 +42,8 @@ class Mutant(ReferenceEngine):
     hook: ClassVar[str]  # the one Eagle3Runtime hook the mutant overrides
     issue: ClassVar[str]  # the public report(s) of the bug, also cited in the docstring
     # A check-id prefix: the selftest counts the mutant caught only if a check it names failed
-    # (None: any check). Set for bugs only a particular check can see.
+    # (None: any check). Set for bugs only a particular check can see, or one check must see
+    # whatever the dtype (the decode-time and history mutants).
     caught_by: ClassVar[str | None] = None
     # what the bug changes: "wiring" (what the draft sees or proposes) or "throughput" (only
     # how long speculation takes; tests/test_zoo.py checks each kind its own way)
@@ -359,6 +360,67 @@ class DraftKvNotRolledBack(Mutant):
         return None
 
 
+class DecodeRowsOneLate(Mutant):
+    """After each verify round the accepted positions are re-fed with the verify forward's
+    features one row late: row t gets the target's features of t - 1 (the previous round's
+    last row first, the last accepted row dropped); the prefill is right, so every capture
+    check passes. The misalignment Copilot's review found in openvinotoolkit/openvino.genai
+    PR #3396: the accepted path's indices start at the root, so hidden row i seeds token i + 1
+    and the next draft window is fed one row behind."""
+
+    name = "zoo:decode_rows_one_late"
+    bug_class = "features re-fed after each verify round one row late (prefill correct)"
+    expected_diagnosis_kind = "decode_misaligned"
+    hook = "refeed_features"
+    issue = "openvinotoolkit/openvino.genai PR #3396 (hidden rows misaligned with accepted tokens)"
+    caught_by = "test_decode_inputs.py::"  # the check that sees it in every dtype
+
+    def refeed_features(self, verified: torch.Tensor, previous: torch.Tensor) -> torch.Tensor:
+        return torch.cat([previous, verified[:, :-1]], dim=1)
+
+
+class DraftPositionsShifted(Mutant):
+    """The draft's drafted steps run one position too far: the engine advances its positions
+    before each draft decode forward instead of after (sgl-project/sglang PR #25015: prefill
+    extend at 0..6, then draft decode at 8, 9 where 7, 8 belong; the extend after verify was
+    right). Under RoPE only the distance to the fed entries moves, so the tokens stay lossless
+    and acceptance drops a little: the fp32 exact trace sees it, bf16 and counters-only
+    adapters did not, before the decode-input check."""
+
+    name = "zoo:draft_positions_shifted"
+    bug_class = "drafted steps' rotary positions one too far (positions advanced before the forward)"
+    expected_diagnosis_kind = "draft_positions_shifted"
+    hook = "draft_positions"
+    issue = "sgl-project/sglang PR #25015"
+    caught_by = "test_decode_inputs.py::"  # the check that sees it in every dtype
+
+    def draft_positions(self, positions: torch.Tensor, phase: str) -> torch.Tensor:
+        return positions + 1 if phase == "step" else positions
+
+
+class StateLeaksBetweenRequests(Mutant):
+    """The draft cache is handed from one request to the next uncleared: a slot reused without
+    resetting it, as llama.cpp's ngram-cache drafter keeps a slot's context across requests
+    (`begin()` a no-op, ggml-org/llama.cpp#27852: acceptance 86% -> 11%; "speculative decoding
+    only works once", ggml-org/llama.cpp#19231). A new request's prefill is written after the
+    previous request's entries and attends to them; what it drafts depends on what was served
+    before. The cache is dropped only when the next request would not fit the draft's
+    positions (a ring reset), so the leak stays bounded."""
+
+    name = "zoo:state_leaks_between_requests"
+    bug_class = "draft KV cache kept from the previous request (not cleared between requests)"
+    expected_diagnosis_kind = "history_dependent"
+    hook = "draft_cache"
+    issue = "ggml-org/llama.cpp#27852; ggml-org/llama.cpp#19231"
+    caught_by = "test_request_history.py::"  # the check that sees it in every dtype
+
+    def draft_cache(self, needed: int) -> DraftKV:
+        kv = self.__dict__.get("_leaked")
+        if kv is None or kv.length + needed > self.draft.cfg.max_position_embeddings:
+            kv = self.__dict__["_leaked"] = DraftKV()
+        return kv
+
+
 # -- bugs only id lists or layouts outside the bundle's drafts show ------------------------------
 # The bundle's drafts are SpecForge-layout (nested ids), ascending, and trained in the SpecForge
 # or "-1 = embedding" conventions; each mutant below is exact on all four of them and is caught
@@ -627,6 +689,9 @@ MUTANTS: dict[str, type[Mutant]] = {cls.name.removeprefix("zoo:"): cls for cls i
     FcOnRecurrentState,
     D2tAbsolute,
     DraftKvNotRolledBack,
+    DecodeRowsOneLate,
+    DraftPositionsShifted,
+    StateLeaksBetweenRequests,
     MoeCaptureSkipped,
     ServingLoopStall,
     FirstIdShiftRule,

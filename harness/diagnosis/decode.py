@@ -1,0 +1,246 @@
+"""The kinds seen in what the draft is fed while decoding: the positions of its feeds, the rows
+re-fed after each verify round, and a dependence on earlier requests.
+
+The evidence is the feeds themselves (`harness.engines.base.DecodeInputs`): row j of a prompt's
+concatenated feeds stands for sequence position j (the prefill's rows, then each verify
+round's accepted positions) and must be fed at position j with the target's features of j.
+Each kind here is told apart from its neighbours by what the feeds show, not by elimination:
+
+- `draft_kv_not_rolled_back`: rows right, positions after the prefill drift further from
+  their rows round after round (the drafted steps' entries stayed in the cache, and the next
+  feed starts after them);
+- `draft_positions_shifted`: rows right, every position after the prefill off by the same
+  constant (the decode path numbers the draft's positions differently from the prefill);
+- `decode_misaligned`: positions right, prefill rows right, the re-fed rows are the target's
+  features of the row before (one late) or after (one early);
+- `history_dependent`: a prompt's feeds, captures or acceptance depend on the requests served
+  before it (the prefill of a fresh request fed at a position other than 0, varying from
+  request to request, is the draft cache of the previous request kept);
+- `fc_on_recurrent_state` never shows here: the feeds are right and only the draft steps after
+  the first are wrong, which is why a passing decode-input check rules out the kinds above.
+
+It names causes and decides nothing: `harness.assertions` judges.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from harness.diagnosis.draft_side import fc_diagnosis
+from harness.diagnosis.fingerprint import relative_errors
+from harness.diagnosis.record import Diagnosis
+
+# A re-fed row is identified as the features of position j + s when its error to those is at
+# least this many times smaller than to the two other candidate rows (j, j - 1, j + 1): the
+# separation harness.tolerances gives reduced precision (REASONS['separation']: a state within
+# a third of the distance to its neighbour is twice as near it as to the neighbour).
+ROW_SEPARATION = 2.0
+# Share of re-fed rows that must be identified with one shift for the shift to be named: a
+# misalignment is systematic (every re-feed), a few identified rows are chance (two adjacent
+# tokens' states can be close where the tokens repeat).
+ROW_SHARE = 0.8
+
+
+@dataclass(frozen=True)
+class FeedOffsets:
+    """One prompt's feeds as offsets from contiguous numbering: feed r's first position minus
+    the index of its first row; `ragged` names feeds whose positions are not consecutive."""
+
+    offsets: list[int]
+    ragged: list[int]
+    rows: list[int]  # rows per feed
+    # per feed with drafted steps: their first position minus (the feed's last position + 1),
+    # then whether they run consecutively
+    steps: list[int]
+    ragged_steps: list[int]
+
+    @property
+    def prefill(self) -> int:
+        return self.offsets[0] if self.offsets else 0
+
+    @property
+    def after_prefill(self) -> list[int]:
+        """Offsets of the re-feeds relative to the prefill's."""
+        return [o - self.prefill for o in self.offsets[1:]]
+
+
+def _consecutive(pos: Sequence[int]) -> bool:
+    return list(pos) == list(range(pos[0], pos[0] + len(pos))) if pos else True
+
+
+def feed_offsets(positions: Sequence[Sequence[int]],
+                 step_positions: Sequence[Sequence[int]] = ()) -> FeedOffsets:
+    """positions: per feed, the positions it was fed at; step_positions: per feed, the
+    positions of the drafted steps that followed it (training: right after the feed's last)."""
+    offsets, ragged, rows, steps, ragged_steps = [], [], [], [], []
+    start = 0
+    for r, pos in enumerate(positions):
+        pos = [int(p) for p in pos]
+        offsets.append(pos[0] - start if pos else 0)
+        if not _consecutive(pos):
+            ragged.append(r)
+        after = [int(p) for p in step_positions[r]] if r < len(step_positions) else []
+        if pos and after:
+            steps.append(after[0] - (pos[-1] + 1))
+            if not _consecutive(after):
+                ragged_steps.append(r)
+        rows.append(len(pos))
+        start += len(pos)
+    return FeedOffsets(offsets, ragged, rows, steps, ragged_steps)
+
+
+def diagnose_positions(found: Sequence[FeedOffsets]) -> Diagnosis | None:
+    """The cause of feeds at positions other than their rows' (None: every feed in place).
+    `found`: per prompt, in the order the prompts were served."""
+    if all(not any(f.offsets) and not f.ragged and not any(f.steps) and not f.ragged_steps
+           for f in found):
+        return None
+    prefill = [f.prefill for f in found]
+    evidence: dict[str, Any] = {"prefill_offsets": prefill,
+                                "offsets_after_prefill": [f.after_prefill[:12] for f in found]}
+    if any(prefill) and len(set(prefill)) > 1:
+        before = [None] + [sum(f.rows) for f in found[:-1]]
+        kept = sum(1 for p, b in zip(prefill, before, strict=True) if b is not None and p >= b)
+        return decode_diagnosis(
+            "history_dependent",
+            f"each prompt's prefill was fed to the draft at a different first position "
+            f"({prefill[:8]} for prompts served in order; training: 0 for every request); on "
+            f"{kept}/{len(found) - 1} prompts it starts at or after the end of the previous "
+            f"request's feeds: the draft cache of an earlier request was not cleared", **evidence)
+    ragged = [(i, f.ragged[:3]) for i, f in enumerate(found) if f.ragged]
+    after = [a for f in found for a in f.after_prefill]
+    steps = {s for f in found for s in f.steps}
+    evidence["drafted_step_offsets"] = sorted(steps)
+    if (not ragged and not any(prefill) and set(after) <= {0} and len(steps) == 1
+            and not any(f.ragged_steps for f in found)):
+        return decode_diagnosis(
+            "draft_positions_shifted",
+            f"every feed is at its sequence positions, but the drafted steps after each feed "
+            f"run {next(iter(steps)):+d} from where they belong (training: the first drafted "
+            f"step right after the feed's last position, then one further per step)",
+            offset=next(iter(steps)), **evidence)
+    if not ragged and set(prefill) == {prefill[0]} and set(after) <= {0} and prefill[0]:
+        return decode_diagnosis(
+            "draft_positions_shifted",
+            f"every row the draft was fed, prefill included, sits {prefill[0]:+d} positions "
+            f"from its place in the sequence (training: row t at position t)",
+            offset=prefill[0], **evidence)
+    if not ragged and not any(prefill) and len(set(after)) == 1:
+        return decode_diagnosis(
+            "draft_positions_shifted",
+            f"the prefill was fed at positions 0..T-1 as trained, but every feed after a verify "
+            f"round (and the drafted steps after it) sits {after[0]:+d} from its place: the "
+            f"decode path numbers the draft's positions differently from the prefill",
+            offset=after[0], **evidence)
+    growing = [f.after_prefill for f in found if len(f.after_prefill) > 1]
+    if not ragged and not any(prefill) and growing and all(
+            all(b >= a for a, b in zip(g, g[1:], strict=False)) and g[0] > 0 and g[-1] > g[0]
+            for g in growing):
+        per_round = sum((g[-1] - g[0]) / (len(g) - 1) for g in growing) / len(growing)
+        return fc_diagnosis(
+            "draft_kv_not_rolled_back",
+            f"the rows fed after each verify round are right, but their positions drift further "
+            f"from the accepted prefix round after round (about {per_round:.1f} positions per "
+            f"round, e.g. offsets {growing[0][:6]}): the draft cache kept the drafted steps' "
+            f"entries and each feed continues after them", per_round=round(per_round, 3),
+            **evidence)
+    return Diagnosis(
+        kind="unknown",
+        message=("the draft's feeds are at positions no known cause explains: per prompt, the "
+                 f"offset of each feed from its rows' positions {[f.offsets[:8] for f in found[:3]]}"
+                 + (f", non-consecutive positions inside feeds {ragged[:3]}" if ragged else "")),
+        engine_boundaries=[], training_boundaries=[], suggested_layer_ids=None, details=evidence)
+
+
+@dataclass(frozen=True)
+class RowShift:
+    """Which neighbour's features the rows re-fed after verify rounds hold: per shift s in
+    (-1, 0, +1), how many rows are identified as position j + s."""
+
+    identified: dict[int, int]
+    rows: int
+    prefill_rows: int
+    prefill_in_place: int
+
+    @property
+    def named(self) -> int | None:
+        """The shift most re-fed rows are identified with, if systematic and not 0."""
+        if not self.rows:
+            return None
+        shift, count = max(self.identified.items(), key=lambda kv: kv[1])
+        if shift == 0 or count < ROW_SHARE * self.rows:
+            return None
+        return shift
+
+
+def row_shift(rows: Sequence[torch.Tensor], expected: Sequence[torch.Tensor],
+              prefill_rows: Sequence[int]) -> RowShift:
+    """rows[i]: prompt i's fed rows [M, F] (row j for position j); expected[i]: training's fc
+    input at positions 0..M-1 [M, F]; prefill_rows[i]: how many of the rows the prefill fed."""
+    identified = {-1: 0, 0: 0, 1: 0}
+    total = prefill_total = prefill_ok = 0
+    for x, ref, n in zip(rows, expected, prefill_rows, strict=True):
+        m = x.shape[0]
+        for j in range(m):
+            cands = {s: float(relative_errors(x[j], ref[j + s])) for s in (-1, 0, 1) if 0 <= j + s < m}
+            best = min(cands, key=cands.__getitem__)
+            others = [e for s, e in cands.items() if s != best]
+            clear = not others or min(others) >= ROW_SEPARATION * cands[best]
+            if j < n:
+                prefill_total += 1
+                prefill_ok += int(best == 0 and clear)
+            elif clear:
+                identified[best] += 1
+                total += 1
+            else:
+                total += 1
+    return RowShift(identified, total, prefill_total, prefill_ok)
+
+
+def misaligned_diagnosis(shift: RowShift) -> Diagnosis:
+    side = "late" if shift.named == -1 else "early"
+    return decode_diagnosis(
+        "decode_misaligned",
+        f"the prefill fed the draft the training features ({shift.prefill_in_place}/"
+        f"{shift.prefill_rows} rows at their own position), but after each verify round the "
+        f"re-fed rows are one row {side}: {shift.identified[shift.named]}/{shift.rows} of them "
+        f"are the target's features of position t{shift.named:+d} fed at position t (positions "
+        f"themselves in place, so the draft cache is rolled back)",
+        shift=shift.named, identified={str(k): v for k, v in shift.identified.items()},
+        rows=shift.rows)
+
+
+_TEXT = {
+    "decode_misaligned": (
+        "decode-time features misaligned — after a verify round the engine re-feeds the accepted "
+        "positions with the verify forward's features taken one row off (an index into the "
+        "verify output counted from the previous round's last position, or the bonus token's "
+        "row). The prefill is right, so the capture checks pass and acceptance falls after the "
+        "first round. Fix in the engine: re-feed position t with the target's features at t."),
+    "draft_positions_shifted": (
+        "draft positions shifted — the draft's rotary positions (and causal mask) on its decode "
+        "path are off from training, where row t runs at position t; under RoPE only the shift "
+        "between the prefill's entries and later ones matters, so acceptance drops a little and "
+        "the tokens stay right. Fix in the engine: number the draft's rows with the target's "
+        "position ids on every path."),
+    "history_dependent": (
+        "request history dependent — what one request is served depends on the requests served "
+        "before it: state kept between requests (a draft KV cache or aux-state buffer reused "
+        "without clearing, positions continuing from an earlier request). Fix in the engine: "
+        "reset per-request draft state (cache slots, aux buffers, positions) when a request "
+        "starts."),
+}
+
+
+def decode_diagnosis(kind: str, detail: str, **details: Any) -> Diagnosis:
+    """A Diagnosis for a bug seen in the draft's decode-time feeds or in request history."""
+    if kind not in _TEXT:
+        raise ValueError(f"unknown decode-time kind {kind!r}; use one of {sorted(_TEXT)}")
+    return Diagnosis(kind=kind, message=f"{detail.rstrip('.')}; root cause: {_TEXT[kind]}",
+                     engine_boundaries=[], training_boundaries=[], suggested_layer_ids=None,
+                     details=details)
+
