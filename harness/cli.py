@@ -167,10 +167,12 @@ def _run_engine(engine: str, bundle: Path, out: Path, profile: str, extra: Seque
     cmd = [sys.executable, "-m", "harness.cli", "run", "--engine", engine, "--bundle", str(bundle),
            "--report-dir", str(out), "--profile", profile, *run_flags,
            # mutants are the in-process reference on a tiny bundle: calls take seconds at most,
-           # so half the default deadlines catches zoo:capture_hangs sooner; a tenth was too
-           # tight where runs share a loaded machine (--jobs): 36-token generations of correct
-           # mutants took more than 7.8 s at five processes on two cores and read as hangs
-           *(["--engine-timeout-scale", "0.5"] if engine.startswith("zoo:") else []),
+           # so a quarter of the default deadlines catches zoo:capture_hangs in about 10 min
+           # (each draft's first call carries the start-up allowance). A tenth was too tight
+           # where runs share a loaded machine (--jobs): 36-token generations of correct
+           # mutants took more than 7.8 s at five processes on two cores and read as hangs;
+           # half made capture_hangs alone take over 25 min
+           *(["--engine-timeout-scale", "0.25"] if engine.startswith("zoo:") else []),
            "--", "-q", "-p", "no:cacheprovider", *extra]
     with (out / "run.log").open("w", encoding="utf-8") as log:
         return subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, check=False).returncode
