@@ -321,6 +321,8 @@ def assert_history_independent(*, prompts: Sequence[Sequence[int]], history: str
     length within the `trace` bound, what a near-tie flip may move it by."""
     found: list[tuple[int, str]] = []
     if features is not None:
+        # NaN differs from itself: an unwritten buffer is a non_finite engine, not a history
+        assert_finite("the aux features the engine handed the draft", [*features[0], *features[1]])
         for i, (a, b) in enumerate(zip(*features, strict=True)):
             strict = tolerance_for(dtype).strict
             bad, total, worst, bound = batch_leaks(

@@ -8,6 +8,7 @@ from __future__ import annotations
 from functools import cache
 
 import pytest
+import torch
 
 from harness.assertions import assert_decode_inputs_match, assert_history_independent
 from harness.engines.base import DecodeInputs, DraftFeed
@@ -137,3 +138,15 @@ def test_another_trace_after_other_requests_is_history_dependent(oracle) -> None
         _history(oracle, ([[1, 2, 0], [4, 4]], [[1, 2, 0], [0, 1, 1]]))
     assert [d.kind for d in info.value.diagnoses] == ["history_dependent"]
     assert "per-round acceptance [0, 1, 1] vs [4, 4]" in str(info.value) and "1/2 prompts" in str(info.value)
+
+
+def test_non_finite_servings_are_non_finite_not_history(oracle) -> None:
+    """NaN differs from itself, so an unwritten aux buffer (zoo:aux_buffer_unwritten) would
+    read as a history dependence; the check names the values first."""
+    features = [aux_features(oracle.features(p), BOUNDARIES) for p in PROMPTS]
+    nan = [torch.full_like(x, float("nan")) for x in features]
+    with pytest.raises(ConformanceFailure) as info:
+        assert_history_independent(prompts=PROMPTS, history="in reverse order", features=(nan, nan),
+                                   tokens=None, traces=None, oracle=oracle, dtype="float32",
+                                   device="cpu", engine_name="test", draft="d", check="test")
+    assert [d.kind for d in info.value.diagnoses] == ["non_finite"]
