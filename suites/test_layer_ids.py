@@ -63,6 +63,13 @@ from harness.lint import lint_draft
 from harness.observed_convention import TRAINERS, Observation, fix_result, literal_ids, trained_as
 from harness.profiles import layer_id_examples, layer_id_startup_budget_s
 from harness.strategies import invalid_layer_id_configs, layer_id_configs, pinned_prompt_rows
+from harness.timeouts import (
+    CallBudget,
+    EngineHang,
+    call_with_deadline,
+    hang_diagnosis,
+    start_engine,
+)
 
 # Lists that tell the candidate rules apart: [1, 5, 3] is unsorted (slot order) and starts
 # with 1 (SGLang PR #25454's condition), [4] does not; [-1, 4] only for "-1 = embedding".
@@ -92,15 +99,19 @@ class ServedDrafts:
     restart per Hypothesis shrink step would cost minutes; the failure says so."""
 
     def __init__(self, engine_class: type, options: EngineOptions, factory: DraftFactory,
-                 oracle: Oracle, report) -> None:
+                 oracle: Oracle, report, deadlines: CallBudget | None = None) -> None:
         self.engine_class, self.options, self.factory = engine_class, options, factory
         self.oracle, self.report = oracle, report
         self.num_layers = oracle.bundle.num_layers
         self._crashes: dict[tuple, tuple[str, list]] = {}
         self._captures: dict[tuple, Capture] = {}
         self._live: tuple[tuple, Engine] | None = None
+        self._first = True  # the live engine's next call is its first (start-up allowance)
         self.budget_s: float | None = None  # start-up seconds left to the running property
         self.rejected = 0
+        # the run's engine deadlines (--engine-timeout-scale), as every other check has them:
+        # a config whose capture never returns is a hang, recorded like a crash
+        self.deadlines = deadlines or CallBudget(scale=0)
 
     def limit(self, seconds: float | None) -> None:
         """Start-up seconds the next calls may spend on new configs (None: no limit)."""
@@ -123,8 +134,10 @@ class ServedDrafts:
         ids, layout, told = key
         started = time.monotonic()
         try:
-            engine = self.engine_class(self.oracle.bundle.target_dir, self.factory.folder(ids, layout),
-                                       replace(self.options, training_convention=told))
+            engine = start_engine(lambda: self.engine_class(
+                self.oracle.bundle.target_dir, self.factory.folder(ids, layout),
+                replace(self.options, training_convention=told)), self.deadlines)
+            self._first = True
         except EngineUnavailable as e:
             pytest.skip(f"engine {self.engine_class.name} unavailable: {e}")
         finally:
@@ -155,7 +168,18 @@ class ServedDrafts:
         memo = (key, tuple(wanted))
         if memo not in self._captures:
             try:
-                self._captures[memo] = self._engine(key).capture(batch)
+                engine = self._engine(key)
+                work = sum(len(p) for p in batch)
+                seconds = (self.deadlines.seconds(work, self._first) if self.deadlines.enabled
+                           else None)
+                self._first = False
+                self._captures[memo] = call_with_deadline(engine.capture, (batch,), seconds,
+                                                          "capture", work)
+            except EngineHang as hang:
+                self._crashes[key] = (f"no answer: {hang}",
+                                      [hang_diagnosis(self.engine_class.name, hang)])
+                self.close()
+                return self._crashes[key]
             except (EngineCrash, RuntimeError) as crash:
                 # a RuntimeError is an in-process engine failing on this draft (the reference's
                 # fc on a capture of the wrong width): a crash too, diagnosed from its text
@@ -227,8 +251,9 @@ def draft_factory(bundle: Bundle, tmp_path_factory: pytest.TempPathFactory) -> D
 
 @pytest.fixture(scope="session")
 def served(engine_class: type, engine_options: EngineOptions, draft_factory: DraftFactory,
-           oracle: Oracle, report) -> ServedDrafts:
-    drafts = ServedDrafts(engine_class, engine_options, draft_factory, oracle, report)
+           oracle: Oracle, report, pytestconfig: pytest.Config) -> ServedDrafts:
+    drafts = ServedDrafts(engine_class, engine_options, draft_factory, oracle, report,
+                          CallBudget(scale=pytestconfig.getoption("engine_timeout_scale")))
     yield drafts
     drafts.close()
 
