@@ -66,6 +66,10 @@ class CallBudget:
     def seconds(self, work: int, first: bool) -> float:
         return self.scale * (self.base_s + self.per_token_s * work + (self.startup_s if first else 0.0))
 
+    def deadline(self, work: int, first: bool) -> float | None:
+        """`seconds`, or None where deadlines are off (scale 0)."""
+        return self.seconds(work, first) if self.enabled else None
+
     def startup(self) -> float:
         return self.scale * self.startup_s
 
@@ -109,7 +113,7 @@ def _tokens(prompts: Sequence[Sequence[int]]) -> int:
     return sum(len(p) for p in prompts)
 
 
-def _work(method: str, args: Sequence[Any]) -> int:
+def call_work(method: str, args: Sequence[Any]) -> int:
     prompts = args[0] if args else ()
     if method == "generate":
         new = int(args[1]) if len(args) > 1 else 0
@@ -139,8 +143,8 @@ class BoundedCalls:
                 names = {"capture": ("prompts",),
                          "generate": ("prompts", "max_new_tokens", "speculative")}[method]
                 args = (*args, *(kwargs.pop(n) for n in names[len(args):] if n in kwargs))
-            work = _work(method, args)
-            seconds = self.budget.seconds(work, self.first) if self.budget.enabled else None
+            work = call_work(method, args)
+            seconds = self.budget.deadline(work, self.first)
             self.first = False
             try:
                 return call_with_deadline(original, args, seconds, method, work)

@@ -67,6 +67,7 @@ from harness.timeouts import (
     CallBudget,
     EngineHang,
     call_with_deadline,
+    call_work,
     hang_diagnosis,
     start_engine,
 )
@@ -169,9 +170,8 @@ class ServedDrafts:
         if memo not in self._captures:
             try:
                 engine = self._engine(key)
-                work = sum(len(p) for p in batch)
-                seconds = (self.deadlines.seconds(work, self._first) if self.deadlines.enabled
-                           else None)
+                work = call_work("capture", (batch,))
+                seconds = self.deadlines.deadline(work, self._first)
                 self._first = False
                 self._captures[memo] = call_with_deadline(engine.capture, (batch,), seconds,
                                                           "capture", work)
