@@ -107,11 +107,16 @@ class IdsPlusOne(Mutant):
 
 
 class VllmIdsUnshifted(Mutant):
-    """vLLM's reading of the draft config: ids passed through unchanged (b = id), sorted, and a
+    """vLLM's reading of the draft config's ids: passed through unchanged (b = id), and a
     negative id matching no layer, so its slot is silently dropped (vllm-project/vllm#43671:
     SpecForge ids read without their +1, position-0 acceptance 45% -> 10%). specforge-default
     [1,3,4] -> boundaries [1,3,4] (offset -1); embed-first [-1,3,5] -> [3,5], two slots for a
-    three-slot fc, which crashes on the width exactly as vLLM's deepseek_v2 path does."""
+    three-slot fc, which crashes on the width exactly as vLLM's deepseek_v2 path does.
+
+    Real vLLM also re-sorts the slots; that second bug is `slots_sorted`'s, not this one's: with
+    both, a drawn layer-id example under vLLM's own b = id shrinks to an unsorted list (ids
+    [1, 0] -> slots [0, 1]) whose only fault is the order, and the exact diagnosis score asks
+    one named cause per mutant."""
 
     name = "zoo:vllm_ids_unshifted"
     bug_class = "ids used without the training convention's shift (vLLM: b = id)"
@@ -121,7 +126,7 @@ class VllmIdsUnshifted(Mutant):
     convention = "vllm"  # lets the diagnosis word the id list that fixes it
 
     def capture_boundaries(self) -> Sequence[int]:
-        return sorted(i for i in self.layer_ids if i >= 0)
+        return [i for i in self.layer_ids if i >= 0]
 
 
 class ConfigIdsIgnored(Mutant):
