@@ -205,3 +205,49 @@ def test_near_tie_bound_adds_the_measured_bf16_logit_noise() -> None:
     low = o.reference_logits(ctx, "bfloat16", "cpu")
     moved = float((low[top] - logits[top]).abs().sum())
     assert bound16 >= tolerance_for("bfloat16").noise_factor * moved
+
+
+# (mutant, draft): zoo mutants whose bf16 capture the diagnosis misnamed in the first full
+# bf16 selftest (CPU, this bundle): a correct slot's few tokens that precision leaves
+# unseparated read as "stale" and outvoted the permutation, the aliasing or the fitted cause
+# (slots_descending, aux_buffer_aliased, aux_residual_only, final_missing, config_ids_ignored
+# -> stale_or_skipped; aux_batch_leak -> stale_or_skipped or unrecognised)
+BF16_MUTANTS = [
+    ("slots_descending", "specforge-default"),
+    ("aux_buffer_aliased", "specforge-default"),
+    ("aux_buffer_aliased", "final-aux"),
+    ("aux_residual_only", "specforge-default"),
+    ("final_missing", "final-aux"),
+    ("config_ids_ignored", "final-aux"),
+    ("residual_missing", "specforge-default"),
+    ("aux_after_input_norm", "specforge-default"),
+    ("aux_rows_one_late", "specforge-default"),
+    ("aux_slots_interleaved", "specforge-default"),
+    ("aux_batch_leak", "specforge-default"),
+    ("aux_batch_leak", "single-aux"),
+]
+
+
+@pytest.mark.parametrize(("key", "draft"), BF16_MUTANTS, ids=[f"{k}-{d}" for k, d in BF16_MUTANTS])
+def test_bf16_mutant_captures_are_named_exactly(key: str, draft: str) -> None:
+    """Real bf16 captures of the zoo's wiring bugs, judged as the capture check judges them
+    (pinned prompts in one batch, each prompt alone as the batch evidence): the diagnosis is
+    the mutant's own class, not a skipped capture read off precision's ambiguous tokens."""
+    from harness.assertions import assert_capture_matches_oracle
+    from harness.engines.zoo import MUTANTS
+
+    o = _oracle()
+    cls = MUTANTS[key]
+    engine = cls(o.bundle.target_dir, o.bundle.draft_dir(draft),
+                 EngineOptions(dtype="bfloat16", training_convention=o.bundle.draft(draft).convention))
+    prompts = o.pinned_prompts
+    spec = o.spec(draft)
+    with pytest.raises(ConformanceFailure) as err:
+        assert_capture_matches_oracle(
+            features=engine.capture(prompts).features, oracle=o, prompts=prompts, dtype="bfloat16",
+            device="cpu", training_boundaries=spec.boundaries, engine_name=cls.name,
+            engine_convention=engine.convention, config_ids=spec.layer_ids, draft=draft,
+            check="test_precision", in_batch=True,
+            alone=lambda some: [engine.capture([p]).features[0] for p in some])
+    diag = err.value.diagnoses[0]
+    assert diag.kind == cls.expected_diagnosis_kind, diag.message

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 import torch
 
-from harness.diagnosis.record import FINAL_NORMED, ZERO, Label, SlotMatch, mlp_label
+from harness.diagnosis.record import AMBIGUOUS, FINAL_NORMED, ZERO, Label, SlotMatch, mlp_label
 from harness.golden.features import TargetFeatures
 
 # An error beyond this is "nothing alike" (a zero or garbage slot gives inf per token): capped,
@@ -43,17 +43,32 @@ def candidates(golden: TargetFeatures) -> tuple[list[Label], torch.Tensor]:
 
 
 def _identified(err: torch.Tensor, labels: list[Label], separation: float,
-                expected: int | None) -> list[Label]:
-    """Per token, the label the state is identified as beyond rtol (nearest candidate, every
-    other `separation` times farther, nearer than zero), else None; none at all in fp32. A
-    token nearest its own expected boundary (and nearer than zero) keeps that label even
-    unseparated: precision made it ambiguous, which is no evidence of a skipped capture."""
+                expected: int | None) -> tuple[list[Label], list[bool]]:
+    """Reduced precision (separation > 0): per token, the label of the state it is identified
+    as (nearest candidate, every other `separation` times farther, nearer than zero), None
+    where it is no nearer any state than zero is (garbage, stale), else AMBIGUOUS; and whether
+    the token is consistent with the expected boundary (identified as it, or ambiguous with it
+    within the separation band of the nearest: precision cannot tell it from the expected
+    state, which is no evidence against it). fp32: no labels (None), nothing consistent."""
+    t_count = err.shape[1]
     if separation <= 0:
-        return [None] * err.shape[1]
+        return [None] * t_count, [False] * t_count
     two = err.topk(2, dim=0, largest=False)
     best, second, idx = two.values[0], two.values[1], two.indices[0]
-    return [labels[int(i)] if b < 1.0 and (s >= separation * b or labels[int(i)] == expected) else None
-            for i, b, s in zip(idx, best, second, strict=True)]
+    own = err[labels.index(expected)] if expected is not None else None
+    out: list[Label] = []
+    consistent: list[bool] = []
+    for t in range(t_count):
+        b, s, lab = float(best[t]), float(second[t]), labels[int(idx[t])]
+        if b >= 1.0:
+            out.append(None)
+        elif s >= separation * b:
+            out.append(lab)
+        else:
+            out.append(AMBIGUOUS)
+        in_band = own is not None and b < 1.0 and float(own[t]) <= separation * b
+        consistent.append(out[-1] == expected or (out[-1] == AMBIGUOUS and in_band))
+    return out, consistent
 
 
 def _match_slot(slot: int, chunks: list[torch.Tensor], golden: Sequence[TargetFeatures],
@@ -62,6 +77,7 @@ def _match_slot(slot: int, chunks: list[torch.Tensor], golden: Sequence[TargetFe
     in_tol = telling = zeros = total = 0
     boundary_err_sum: torch.Tensor | None = None  # [N+1]: summed per-token error to each boundary
     diff_sq = ref_sq = dot = x_sq = 0.0
+    reduced = separation > 0
     for x, gold in zip(chunks, golden, strict=True):
         labels, states = candidates(gold)
         err = relative_errors(x[None], states)  # [C, T]
@@ -71,9 +87,13 @@ def _match_slot(slot: int, chunks: list[torch.Tensor], golden: Sequence[TargetFe
         tiny = 1e-6 * gold.boundaries.norm(dim=-1).mean(0)  # [T]: "zero" at this token's scale
         is_zero = x_norm <= tiny
         best_err, best = err.min(dim=0)
-        identified = _identified(err, labels, separation, expected)
+        identified, consistent = _identified(err, labels, separation, expected)
         for t in range(x.shape[0]):
-            if best_err[t] <= rtol:  # before the zero test: a pad token's embedding is zero
+            if reduced:
+                # identity decides in reduced precision: a token within rtol of a state that
+                # another state is nearly as near to says nothing about which one it is
+                counts[ZERO if is_zero[t] and best_err[t] > rtol else identified[t]] += 1
+            elif best_err[t] <= rtol:  # before the zero test: a pad token's embedding is zero
                 counts[labels[int(best[t])]] += 1
             elif is_zero[t]:
                 counts[ZERO] += 1
@@ -83,19 +103,22 @@ def _match_slot(slot: int, chunks: list[torch.Tensor], golden: Sequence[TargetFe
         total += x.shape[0]
         if expected is not None:
             ref = gold.boundaries[expected].float()
-            hit = (err[expected] <= rtol) | torch.tensor([lab == expected for lab in identified],
-                                                         dtype=torch.bool)
+            hit = (torch.tensor(consistent, dtype=torch.bool) & ~(is_zero & (best_err > rtol))
+                   if reduced else err[expected] <= rtol)
             in_tol += int(hit.sum())
             telling += int((hit & (ref.norm(dim=-1) > tiny)).sum())
             diff_sq += float(((x - ref) ** 2).sum())
             ref_sq += float((ref ** 2).sum())
             dot += float((x * ref).sum())
             x_sq += float((x ** 2).sum())
-    found, hits = counts.most_common(1)[0]
+    # the slot holds what its decidable tokens are; ambiguous tokens are evidence of nothing
+    decided = Counter({k: v for k, v in counts.items() if k != AMBIGUOUS}) or counts
+    found, hits = decided.most_common(1)[0]
     nan = float("nan")
     rel = math.sqrt(diff_sq / ref_sq) if expected is not None and ref_sq > 0 else nan
     cos = dot / math.sqrt(x_sq * ref_sq) if expected is not None and x_sq * ref_sq > 0 else nan
-    return SlotMatch(slot=slot, expected=expected, found=found, match_fraction=hits / total,
+    return SlotMatch(slot=slot, expected=expected, found=found,
+                     match_fraction=hits / max(sum(decided.values()), 1),
                      expected_fraction=in_tol / total if expected is not None else 0.0,
                      zero_fraction=zeros / total, rel_error=rel, cosine=cos,
                      telling_hits=telling, token_labels=counts,

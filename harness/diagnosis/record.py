@@ -27,6 +27,9 @@ KINDS = (CAPTURE_KINDS + DRAFT_SIDE_KINDS + DECODE_KINDS + CRASH_KINDS + VALUE_K
 
 FINAL_NORMED = "final_normed"
 ZERO = "zero"
+# reduced precision only: a token no golden state is clearly nearest to (none `separation`
+# times nearer than the runner-up): precision cannot say what it is, so it is evidence of nothing
+AMBIGUOUS = "ambiguous"
 
 
 def mlp_label(k: int) -> str:
