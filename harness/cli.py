@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -30,13 +29,8 @@ from harness.options import (
     prepare_report_dir,
     validate,
 )
-from harness.report import (
-    clear_reports,
-    kept_sections,
-    render_conformance_table,
-    verdict_line,
-    write_atomic,
-)
+from harness.report import clear_reports, verdict_line, write_atomic
+from harness.report_md import kept_sections, render_conformance_table
 
 PROG = "eagle3-conformance"
 DEBUG_ENV = "EAGLE3_CONFORMANCE_DEBUG"
@@ -148,38 +142,9 @@ def cmd_run(a: argparse.Namespace, extra: Sequence[str]) -> int:
 # -- selftest --------------------------------------------------------------------------------
 
 
-def _mutant_field(entry: Any, name: str, attr: str) -> str | None:
-    from harness.registry import _mutant_class
-
-    for obj in (entry, _mutant_class(entry)):
-        value = getattr(obj, attr, None)
-        if value is not None:
-            return str(value)
-    return None if attr != "name" else name
-
-
-def _run_engine(engine: str, bundle: Path, out: Path, profile: str, extra: Sequence[str],
-                run_flags: Sequence[str] = ()) -> int:
-    """One suite run in a fresh interpreter: a mutant that crashes, leaks threads or poisons a
-    module-level cache cannot affect the next one. run_flags: run options forwarded as given
-    (--dtype, --device)."""
-    out.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, "-m", "harness.cli", "run", "--engine", engine, "--bundle", str(bundle),
-           "--report-dir", str(out), "--profile", profile, *run_flags,
-           # mutants are the in-process reference on a tiny bundle: calls take seconds at most,
-           # so a quarter of the default deadlines catches zoo:capture_hangs in about 10 min
-           # (each draft's first call carries the start-up allowance). A tenth was too tight
-           # where runs share a loaded machine (--jobs): 36-token generations of correct
-           # mutants took more than 7.8 s at five processes on two cores and read as hangs;
-           # half made capture_hangs alone take over 25 min
-           *(["--engine-timeout-scale", "0.25"] if engine.startswith("zoo:") else []),
-           "--", "-q", "-p", "no:cacheprovider", *extra]
-    with (out / "run.log").open("w", encoding="utf-8") as log:
-        return subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, check=False).returncode
-
-
 def cmd_selftest(a: argparse.Namespace, extra: Sequence[str]) -> int:
     from harness.registry import _mutant_class, zoo_mutants
+    from harness.selftest import run_suite, score_mutant
 
     bundle = bundle_path(a.bundle)
     _check_bundle(bundle, ())
@@ -208,7 +173,7 @@ def cmd_selftest(a: argparse.Namespace, extra: Sequence[str]) -> int:
     done: list[str] = []
 
     def one(run: tuple[str, Path]) -> int:
-        code = _run_engine(run[0], bundle, run[1], a.profile, extra, flags)
+        code = run_suite(run[0], bundle, run[1], a.profile, extra, flags)
         done.append(run[0])  # progress while a long selftest runs: its report.json is there now
         print(f"[{len(done)}/{len(runs)}] {run[0]} finished (exit {code}); {run[1] / 'report.json'}",
               file=sys.stderr, flush=True)
@@ -227,39 +192,12 @@ def cmd_selftest(a: argparse.Namespace, extra: Sequence[str]) -> int:
         print(f"{'control: reference':<40} {verdict}")
     results = []
     for name in names:
-        entry = zoo[name]
-        expected = _mutant_field(entry, name, "expected_diagnosis_kind")
-        code = codes[f"zoo:{name}"]
-        report = _read_report(root / "mutants" / _safe(name))
-        result: dict[str, Any] = {"name": name, "bug_class": _mutant_field(entry, name, "bug_class"),
-                                  "expected_diagnosis_kind": expected, "caught": False,
-                                  "diagnosis_correct": False, "failed_checks": [],
-                                  "diagnosis": None, "diagnosis_kinds": [], "diagnosis_share": 0.0,
-                                  "report_dir": str(root / "mutants" / _safe(name))}
-        if report is None or code not in (0, 1):
-            result["error"] = f"the run ended with exit code {code} and no report; see run.log"
-        else:
-            diags = report.get("diagnoses", [])
-            match = next((d for d in diags if d.get("kind") == expected), None)
-            failed = [c["id"] for c in report["checks"] if c["status"] in ("failed", "error", "xfail")]
-            # a check must have failed: a mutant that merely could not run is not caught; a
-            # mutant naming the check that must catch it (`caught_by`) needs that one to fail
-            caught_by = _mutant_field(entry, name, "caught_by")
-            result.update(
-                caught=report["summary"]["verdict"] == "nonconformant"
-                and any(caught_by is None or c.startswith(caught_by) for c in failed),
-                caught_by=caught_by,
-                # exact: every diagnosis in the report names the expected kind, not one of several
-                diagnosis_correct=bool(diags) and all(d.get("kind") == expected for d in diags),
-                failed_checks=failed,
-                diagnosis_kinds=sorted({str(d.get("kind")) for d in diags}),
-                # how much of the evidence names the bug: 1.0 when no check blamed anything else
-                diagnosis_share=round(sum(d.get("kind") == expected for d in diags) / len(diags), 3)
-                if diags else 0.0,
-                diagnosis=(match or (diags[0] if diags else {})).get("message"))
+        out = root / "mutants" / _safe(name)
+        result = score_mutant(name, zoo[name], codes[f"zoo:{name}"], _read_report(out), out)
         results.append(result)
         print(f"{'zoo:' + name:<40} {'caught' if result['caught'] else 'MISSED':<7} "
-              f"diagnosis {','.join(result['diagnosis_kinds']) or '-'} (expected {expected}): "
+              f"diagnosis {','.join(result['diagnosis_kinds']) or '-'} "
+              f"(expected {result['expected_diagnosis_kind']}): "
               f"{'ok' if result['diagnosis_correct'] else 'WRONG'}")
     total = len(results)
     if not total:

@@ -20,7 +20,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from harness.report import _RESULT, _diag_text, _first_line
+from harness.report_md import _RESULT, _diag_text, _first_line
 
 esc = html.escape
 

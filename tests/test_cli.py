@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import cli, report
+from harness import cli, report, report_md
 
 
 def _one_line_error(capsys: pytest.CaptureFixture[str]) -> str:
@@ -95,7 +95,7 @@ def test_conformance_table_command(tmp_path: Path, capsys: pytest.CaptureFixture
     src.write_text(json.dumps(data))
     out = tmp_path / "docs" / "CONFORMANCE.md"
     assert cli.main(["conformance-table", str(src), "--out", str(out)]) == 0
-    assert out.read_text() == report.render_conformance_table([src])
+    assert out.read_text() == report_md.render_conformance_table([src])
     garbage = tmp_path / "garbage.json"
     garbage.write_text("{")
     capsys.readouterr()

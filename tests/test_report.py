@@ -16,6 +16,7 @@ import pytest
 from hypothesis import settings
 
 from harness import report as rep
+from harness import report_md
 from harness.paths import default_bundle_path
 
 pytest_plugins = ["pytester"]
@@ -346,8 +347,8 @@ def test_conformance_table_is_deterministic(tmp_path: Path) -> None:
         p = tmp_path / f"{engine}.json"
         p.write_text(json.dumps(_report(engine, status, day)))
         paths.append(p)
-    table = rep.render_conformance_table(paths)
-    assert table == rep.render_conformance_table(list(reversed(paths)))
+    table = report_md.render_conformance_table(paths)
+    assert table == report_md.render_conformance_table(list(reversed(paths)))
     assert table.index("## reference") < table.index("## vllm")
     assert "| `test_a.py::test_x[d1]` | d1 | FAIL | msg \\| with pipe |" in table
     assert "- date: 2026-11-02; dtype: float32" in table
@@ -356,7 +357,7 @@ def test_conformance_table_is_deterministic(tmp_path: Path) -> None:
     bad = tmp_path / "bad.json"
     bad.write_text("[]")
     with pytest.raises(ValueError, match="not a report.json"):
-        rep.render_conformance_table([bad])
+        report_md.render_conformance_table([bad])
 
 
 def test_conformance_failure_is_an_assertion_error() -> None:

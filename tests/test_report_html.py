@@ -25,6 +25,7 @@ from harness.diagnosis.capture import diagnose_capture
 from harness.golden.features import target_features
 from harness.models.target import build_target, target_config_dict
 from harness.observed_convention import Observation
+from harness.report_html import render_page
 
 N = 8
 TRAINED = [2, 4, 5]
@@ -87,7 +88,7 @@ def _classes(page: str, tag: str, cls: str) -> list[dict[str, str | None]]:
 
 
 def test_page_leads_with_the_finding(report) -> None:
-    page = rep.render_html(report)
+    page = render_page(report)
     assert "<script" not in page and "http" not in page and "<link" not in page  # self-contained
     cells = _classes(page, "td", "cell")
     # 2 drafts x 3 check columns, each cell the check's outcome

@@ -1,0 +1,78 @@
+"""The self-test's two halves that are not the CLI: one suite run in a fresh interpreter, and
+the score of a mutant's report (caught, and named exactly). `eagle3-conformance selftest`
+(harness.cli) validates its arguments, runs the control and the mutants side by side with
+`run_suite`, scores each with `score_mutant` and writes selftest.json.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+
+def mutant_field(entry: Any, name: str, attr: str) -> str | None:
+    """A zoo entry's declared attribute (on the entry or on its class), as text."""
+    from harness.registry import _mutant_class
+
+    for obj in (entry, _mutant_class(entry)):
+        value = getattr(obj, attr, None)
+        if value is not None:
+            return str(value)
+    return None if attr != "name" else name
+
+
+def run_suite(engine: str, bundle: Path, out: Path, profile: str, extra: Sequence[str],
+              run_flags: Sequence[str] = ()) -> int:
+    """One suite run in a fresh interpreter: a mutant that crashes, leaks threads or poisons a
+    module-level cache cannot affect the next one. run_flags: run options forwarded as given
+    (--dtype, --device)."""
+    out.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, "-m", "harness.cli", "run", "--engine", engine, "--bundle", str(bundle),
+           "--report-dir", str(out), "--profile", profile, *run_flags,
+           # mutants are the in-process reference on a tiny bundle: calls take seconds at most,
+           # so a quarter of the default deadlines catches zoo:capture_hangs in about 10 min
+           # (each draft's first call carries the start-up allowance). A tenth was too tight
+           # where runs share a loaded machine (--jobs): 36-token generations of correct
+           # mutants took more than 7.8 s at five processes on two cores and read as hangs;
+           # half made capture_hangs alone take over 25 min
+           *(["--engine-timeout-scale", "0.25"] if engine.startswith("zoo:") else []),
+           "--", "-q", "-p", "no:cacheprovider", *extra]
+    with (out / "run.log").open("w", encoding="utf-8") as log:
+        return subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, check=False).returncode
+
+
+def score_mutant(name: str, entry: Any, code: int, report: dict[str, Any] | None,
+                 report_dir: Path) -> dict[str, Any]:
+    """One mutant's row of selftest.json: caught (the verdict is nonconformant and a check
+    failed, the one it names in `caught_by` if it names one) and diagnosed exactly (every
+    diagnosis in the report is the expected kind, not one of several)."""
+    expected = mutant_field(entry, name, "expected_diagnosis_kind")
+    result: dict[str, Any] = {"name": name, "bug_class": mutant_field(entry, name, "bug_class"),
+                              "expected_diagnosis_kind": expected, "caught": False,
+                              "diagnosis_correct": False, "failed_checks": [],
+                              "diagnosis": None, "diagnosis_kinds": [], "diagnosis_share": 0.0,
+                              "report_dir": str(report_dir)}
+    if report is None or code not in (0, 1):
+        result["error"] = f"the run ended with exit code {code} and no report; see run.log"
+        return result
+    diags = report.get("diagnoses", [])
+    match = next((d for d in diags if d.get("kind") == expected), None)
+    failed = [c["id"] for c in report["checks"] if c["status"] in ("failed", "error", "xfail")]
+    # a check must have failed: a mutant that merely could not run is not caught; a mutant
+    # naming the check that must catch it (`caught_by`) needs that one to fail
+    caught_by = mutant_field(entry, name, "caught_by")
+    result.update(
+        caught=report["summary"]["verdict"] == "nonconformant"
+        and any(caught_by is None or c.startswith(caught_by) for c in failed),
+        caught_by=caught_by,
+        diagnosis_correct=bool(diags) and all(d.get("kind") == expected for d in diags),
+        failed_checks=failed,
+        diagnosis_kinds=sorted({str(d.get("kind")) for d in diags}),
+        # how much of the evidence names the bug: 1.0 when no check blamed anything else
+        diagnosis_share=round(sum(d.get("kind") == expected for d in diags) / len(diags), 3)
+        if diags else 0.0,
+        diagnosis=(match or (diags[0] if diags else {})).get("message"))
+    return result
