@@ -1,0 +1,34 @@
+"""Assertion helpers whose failure text explains: what was compared, the tolerance and why,
+what the engine did instead (the diagnosis), and a minimal reproducer.
+
+A check calls one of these and nothing else decides pass/fail: every check fails through
+`fail` (or a helper built on it), so every failure is worded the same way, ends with the
+command that reproduces it and carries its diagnoses into report.json. Tolerances come from
+`harness.tolerances`; the wording of causes from `harness.diagnosis`.
+
+One module per concern (capture, decode, fc, generation, layer ids, throughput) on a
+common base; checks import the helpers from here.
+"""
+
+from __future__ import annotations
+
+from harness.assertions.base import crash_failure, fail, failure, require
+from harness.assertions.capture import (
+    assert_capture_matches,
+    assert_capture_matches_oracle,
+    batch_leaks,
+)
+from harness.assertions.decode import assert_decode_inputs_match, assert_history_independent
+from harness.assertions.fc import (
+    FcVerdict,
+    assert_fc_matches,
+    fc_allowances,
+    judge_fc,
+    worst_tokens,
+)
+from harness.assertions.generation import divergence, near_tie_bound
+from harness.assertions.layer_ids import assert_convention_as_declared, assert_fix_holds
+from harness.assertions.throughput import assert_speedup_consistent
+from harness.report import ConformanceFailure
+
+__all__ = ['ConformanceFailure', 'FcVerdict', 'assert_capture_matches', 'assert_capture_matches_oracle', 'assert_convention_as_declared', 'assert_decode_inputs_match', 'assert_fc_matches', 'assert_fix_holds', 'assert_history_independent', 'assert_speedup_consistent', 'batch_leaks', 'crash_failure', 'divergence', 'fail', 'failure', 'fc_allowances', 'judge_fc', 'near_tie_bound', 'require', 'worst_tokens']

@@ -1,0 +1,192 @@
+"""Pass/fail of the aux states an engine hands the draft: per token against the fp32
+training boundaries (fp32), by identity against the noise floor (reduced precision), and a
+prompt's capture inside a batch against its capture alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+
+import torch
+
+from harness.assertions.base import fail, worst_tokens
+from harness.diagnosis.capture import diagnose_capture
+from harness.diagnosis.evidence import seen_per_slot
+from harness.diagnosis.fingerprint import relative_errors
+from harness.diagnosis.identity import WRONG, classify_capture, classify_tokens, noise_allowance
+from harness.diagnosis.record import Diagnosis
+from harness.finite import assert_finite
+from harness.golden.features import TargetFeatures
+from harness.tolerances import tolerance_for, tolerance_text
+
+
+def _strict_off_tokens(features: Sequence[torch.Tensor], golden: Sequence[TargetFeatures],
+                       training_boundaries: Sequence[int], rtol: float) -> tuple[int, int, float]:
+    """(tokens off, tokens, worst relative error) for an fp32 engine: every token of every
+    slot within rtol, judged slot by slot so a slot of small norm cannot hide inside the
+    concatenation."""
+    hidden = golden[0].boundaries.shape[-1]
+    off_total = tokens = 0
+    worst = 0.0
+    for x, g in zip(features, golden, strict=True):
+        off = torch.zeros(x.shape[0], dtype=torch.bool)
+        for s, b in enumerate(training_boundaries):
+            err = relative_errors(x[:, s * hidden:(s + 1) * hidden], g.boundaries[b])
+            worst = max(worst, float(err.max())) if err.numel() else worst
+            off |= err > rtol
+        off_total += int(off.sum())
+        tokens += x.shape[0]
+    return off_total, tokens, worst
+
+
+def assert_capture_matches(*, features: Sequence[torch.Tensor], golden: Sequence[TargetFeatures],
+                           training_boundaries: Sequence[int], dtype: str,
+                           engine_name: str, engine_convention: str | None,
+                           config_ids: Sequence[int], draft: str,
+                           prompts: Sequence[Sequence[int]], check: str,
+                           noise: Sequence[TargetFeatures] | None = None,
+                           alone: Callable[[Sequence[Sequence[int]]], Sequence[torch.Tensor]] | None = None,
+                           context: Callable[[], tuple[Sequence[Sequence[int]], Sequence[torch.Tensor],
+                                                       Sequence[TargetFeatures]]] | None = None,
+                           in_batch: bool | None = None) -> Diagnosis:
+    """The engine handed the draft, slot by slot and token by token, what training used.
+
+    fp32: every token within the strict bound. Reduced precision: no token may be what a
+    wiring bug leaves (another golden state, zeros, a state no nearer its boundary than zero),
+    and no slot's median error may exceed the noise floor; `noise` (required there) holds per
+    prompt the features of the reference computation in the engine's dtype on its device
+    (`Oracle.reference_features`). Tokens precision makes ambiguous pass and are reported in
+    the returned diagnosis' details["precision"].
+
+    Only for the diagnosis, never for pass/fail, and asked for only on a mismatch: `context`,
+    more prompts with the engine's and the golden features, so that a shrunk one-token example
+    is diagnosed with enough evidence (a lone zero row fits many causes); `alone`, the engine's
+    features of the given prompts each captured on its own (the evidence that tells a
+    batch-dependent capture from every other cause), used where the diagnosed rows were
+    captured in a batch: `in_batch` (default: more than one prompt), or context rows."""
+    assert_finite("the aux features the engine handed the draft", features)
+    hidden = golden[0].boundaries.shape[-1]
+    expected_width = len(training_boundaries) * hidden
+    widths = {int(x.shape[-1]) for x in features}
+    tol = tolerance_for(dtype)
+    found = None
+    if not tol.strict:
+        if noise is None:
+            raise ValueError(f"judging {dtype} capture needs the {dtype} reference's features of "
+                             f"the same prompts (Oracle.reference_features); pass noise=")
+        if widths == {expected_width}:
+            found = classify_capture(features, golden, training_boundaries, noise,
+                                     noise_factor=tol.noise_factor, separation=tol.separation,
+                                     floor=tolerance_for("float32").rtol)
+    # the reduced-precision judgement failed a capture whose labels may all be as trained: the
+    # diagnosis still looks for the fitted causes and gathers the evidence below
+    judged_off = found is not None and not found.ok
+    diag = diagnose_capture(features, golden, training_boundaries, engine_convention=engine_convention,
+                            config_ids=config_ids, rtol=tol.rtol, separation=tol.separation,
+                            judged_off=judged_off)
+    seen_p, seen_x, seen_g = list(prompts), list(features), list(golden)
+    if (diag.kind != "ok" or judged_off) and context is not None:
+        more_p, more, more_golden = context()
+        seen_p, seen_x, seen_g = [*seen_p, *more_p], [*seen_x, *more], [*seen_g, *more_golden]
+        diag = diagnose_capture(seen_x, seen_g, training_boundaries,
+                                engine_convention=engine_convention, config_ids=config_ids,
+                                rtol=tol.rtol, separation=tol.separation, judged_off=judged_off)
+    batched = len(features) > 1 if in_batch is None else in_batch
+    if ((diag.kind != "ok" or judged_off) and alone is not None
+            and (batched or len(seen_x) > len(features))):
+        diag = diagnose_capture(seen_x, seen_g, training_boundaries,
+                                engine_convention=engine_convention, config_ids=config_ids,
+                                rtol=tol.rtol, separation=tol.separation, alone=alone(seen_p),
+                                judged_off=judged_off)
+    if widths != {expected_width}:
+        fail(f"the engine handed the draft {sorted(widths)}-wide features, training fed fc "
+             f"{expected_width} = {len(training_boundaries)} aux states x {hidden}; "
+             f"{diag.message}", draft=draft, engine_name=engine_name, prompts=prompts,
+             diagnoses=[diag], check=check)
+    bound = tolerance_text(dtype, golden[0].num_layers)
+    if tol.strict:
+        off, total, worst = _strict_off_tokens(features, golden, training_boundaries, tol.rtol)
+        if off:
+            fail(f"aux features differ from training on {off}/{total} tokens (worst relative "
+                 f"error {worst:.3g}; tolerance: {bound}). {diag.message}", draft=draft,
+                 engine_name=engine_name, prompts=prompts, diagnoses=[diag], check=check)
+        return diag
+    assert found is not None  # reduced precision, widths as trained: judged above
+    diag.details["precision"] = found.summary()
+    if found.ok:
+        # the judgement decides: tokens precision leaves undecided are ambiguous, not skipped
+        return replace(diag, kind="ok", message=(
+            f"all {len(training_boundaries)} slots are the training boundaries "
+            f"{list(training_boundaries)} at {dtype}: {found.counts['exact']}/{found.tokens} "
+            f"slot-tokens within the noise floor, {found.counts['precision_outlier']} precision "
+            f"outliers identified as their own boundary, {found.counts['ambiguous']} ambiguous "
+            f"(the {dtype} reference itself cannot be told apart there)."))
+    if diag.kind == "ok":
+        # no known class fits at this dtype's tolerance: say what was seen, never a class by
+        # elimination (issue #13)
+        seen = seen_per_slot(features, golden, training_boundaries, tol.rtol)
+        diag = replace(diag, kind="unrecognised", message=(
+            "every slot is nearest its training boundary, yet some slot's typical error exceeds "
+            f"the {dtype} noise floor: no known class fits (a wrong norm, scale or dtype cast "
+            "moves every token a little). Seen per slot: " + "; ".join(
+                f"slot {d['slot']} (training b={d['expected']}) nearest "
+                + ", ".join(f"{c['state']} at {c['median_rel_error']:.3g}" for c in d["nearest"])
+                for d in seen) + ". Confidence margin: none, no explanation fits."),
+            details={**diag.details, "seen": seen, "confidence_margin": 0.0})
+    if not found.ok:
+        shown = "; ".join(f"prompt {p} slot {s} token {t}: {why}" for p, s, t, why in found.wrong[:3])
+        drift = "; ".join(f"slot {s} median error {m:.3g} > {a:.3g}" for s, m, a in found.drift)
+        fail(f"aux features are not the training boundaries on {len(found.wrong)}/{found.tokens} "
+             f"slot-tokens" + (f" ({shown})" if shown else "")
+             + (f"; drifting beyond the {dtype} noise floor: {drift}" if drift else "")
+             + f" ({found.counts['ambiguous']} more ambiguous at {dtype}, "
+             f"{found.counts['precision_outlier']} precision outliers identified as their own "
+             f"boundary; tolerance: {bound}). {diag.message}",
+             draft=draft, engine_name=engine_name, prompts=prompts, diagnoses=[diag], check=check)
+    return diag
+
+
+def assert_capture_matches_oracle(*, features: Sequence[torch.Tensor], oracle,
+                                  prompts: Sequence[Sequence[int]], dtype: str, device: str,
+                                  **judged) -> Diagnosis:
+    """assert_capture_matches with the golden features of `prompts` from `oracle`
+    (harness.golden.oracle.Oracle) and, in reduced precision, the noise floor: the same
+    reference computed in the engine's dtype on its device; `judged`: the rest of
+    assert_capture_matches' arguments."""
+    return assert_capture_matches(
+        features=features, golden=[oracle.features(p) for p in prompts], dtype=dtype,
+        prompts=prompts, noise=[oracle.reference_features(p, dtype, device) for p in prompts]
+        if not tolerance_for(dtype).strict else None, **judged)
+
+
+def batch_leaks(inside: torch.Tensor, alone: torch.Tensor, *, dtype: str,
+                golden: TargetFeatures | None = None,
+                noise: TargetFeatures | None = None) -> tuple[int, int, float, str]:
+    """(tokens that leak, tokens, worst relative error, the bound in words) for one prompt's
+    features inside a batch against alone. fp32: any token beyond rtol leaks. Reduced
+    precision: two runs of one engine may each round their own way, so a token leaks only
+    where it differs beyond the noise allowance of its slot (the same-dtype reference's error,
+    `noise`) AND is then what a wiring bug leaves, judged against the boundary the slot holds
+    alone (its modal nearest boundary: batch invariance asks for the same state, whether or
+    not it is the one training used, which is the capture check's question)."""
+    tol = tolerance_for(dtype)
+    if tol.strict or golden is None or noise is None:
+        bad, total, worst = worst_tokens([inside], [alone], tol.rtol)
+        return bad, total, worst, f"{tol.rtol:g}"
+    hidden = golden.boundaries.shape[-1]
+    floor = tolerance_for("float32").rtol
+    leak = torch.zeros(inside.shape[0], dtype=torch.bool)
+    worst = 0.0
+    for s in range(inside.shape[-1] // hidden):
+        x, y = inside[:, s * hidden:(s + 1) * hidden], alone[:, s * hidden:(s + 1) * hidden]
+        b = int(relative_errors(y[None], golden.boundaries).argmin(dim=0).mode().values)
+        err = relative_errors(x, y)
+        worst = max(worst, float(err.max()))
+        tc = classify_tokens(x.float(), golden, b, noise.boundaries[b], noise_factor=tol.noise_factor,
+                             separation=tol.separation, floor=floor)
+        own = relative_errors(noise.boundaries[b], golden.boundaries[b])
+        beyond = err > noise_allowance(own, noise_factor=tol.noise_factor, floor=floor)
+        leak |= beyond & torch.tensor([c == WRONG for c in tc.classes])
+    return int(leak.sum()), inside.shape[0], worst, tolerance_text(dtype, golden.num_layers)
+

@@ -1,0 +1,82 @@
+"""Pass/fail of the draft's fc projection of the aux states, against fc(features) in the
+engine's dtype.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from harness.assertions.base import fail, worst_tokens
+from harness.diagnosis.draft_side import diagnose_fc
+from harness.diagnosis.fingerprint import relative_errors
+from harness.diagnosis.identity import noise_allowance
+from harness.diagnosis.record import Diagnosis
+from harness.tolerances import tolerance_for
+
+
+@dataclass(frozen=True)
+class FcVerdict:
+    """The fc check's finding, shared by the fc suite and the acceptance explainer so that
+    both judge the projection by one criterion."""
+
+    bad: int
+    total: int
+    worst: float
+    message: str
+    diagnosis: Diagnosis | None  # None exactly when ok
+
+    @property
+    def ok(self) -> bool:
+        return self.bad == 0
+
+
+def fc_allowances(expected: Sequence[torch.Tensor], same_dtype: Sequence[torch.Tensor],
+                  dtype: str) -> list[torch.Tensor] | None:
+    """Per prompt, the per-token bound on the engine's fc output in `dtype`: the noise
+    allowance of the same-dtype reference fc on the same features; None in fp32 (strict)."""
+    tol = tolerance_for(dtype)
+    if tol.strict:
+        return None
+    floor = tolerance_for("float32").rtol
+    return [noise_allowance(relative_errors(low, ref), noise_factor=tol.noise_factor, floor=floor)
+            for low, ref in zip(same_dtype, expected, strict=True)]
+
+
+def judge_fc(fc_out: Sequence[torch.Tensor], features: Sequence[torch.Tensor],
+             expected: Sequence[torch.Tensor], rtol: float, *, draft_hidden: int,
+             norm_before_fc: bool, fc_norm: bool,
+             allowances: Sequence[torch.Tensor] | None = None) -> FcVerdict:
+    """Did the engine's fc output equal fc(the engine's own features), token by token? Judged
+    on the engine's features so that a capture bug does not masquerade as an fc bug. In
+    reduced precision `allowances` (fc_allowances) replaces rtol."""
+    bad, total, worst = worst_tokens(fc_out, expected, rtol, allowances)
+    if not bad:
+        return FcVerdict(0, total, worst, "fc output matches fc(features)", None)
+    bound = f"{rtol:g}" if allowances is None else "twice the same-dtype reference fc's error"
+    detail = (f"the draft's fc output differs from fc(features) on {bad}/{total} tokens "
+              f"(worst relative error {worst:.3g}, tolerance {bound})")
+    diag = diagnose_fc(fc_out, features, detail, rtol, draft_hidden=draft_hidden,
+                       norm_before_fc=norm_before_fc, fc_norm=fc_norm)
+    return FcVerdict(bad, total, worst, diag.message, diag)
+
+
+def assert_fc_matches(*, fc_out: Sequence[torch.Tensor], features: Sequence[torch.Tensor],
+                      expected: Sequence[torch.Tensor], dtype: str, draft_hidden: int,
+                      norm_before_fc: bool, fc_norm: bool, engine_name: str, draft: str,
+                      prompts: Sequence[Sequence[int]],
+                      same_dtype: Sequence[torch.Tensor] | None = None) -> None:
+    """The engine's fc output is the trained fc of its own features, token by token;
+    same_dtype (required in reduced precision): the reference fc of the same features in the
+    engine's dtype on its device (Oracle.reference_fc)."""
+    if same_dtype is None and not tolerance_for(dtype).strict:
+        raise ValueError(f"judging {dtype} fc needs the {dtype} reference fc (Oracle.reference_fc)")
+    verdict = judge_fc(fc_out, features, expected, tolerance_for(dtype).rtol,
+                       draft_hidden=draft_hidden, norm_before_fc=norm_before_fc, fc_norm=fc_norm,
+                       allowances=None if same_dtype is None else fc_allowances(expected, same_dtype, dtype))
+    if not verdict.ok:
+        fail(verdict.message, draft=draft, engine_name=engine_name, prompts=prompts,
+             diagnoses=[d for d in (verdict.diagnosis,) if d is not None])
+

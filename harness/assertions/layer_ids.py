@@ -1,0 +1,36 @@
+"""Pass/fail of the layer-id reading an engine declares and of the fixes the diagnosis suggests.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from harness.diagnosis.record import Diagnosis
+from harness.report import ConformanceFailure
+
+
+def assert_convention_as_declared(declared: str, layout: str, observations: Sequence,
+                                  diagnoses: Sequence[Diagnosis] = ()) -> None:
+    """The engine read every id list served in `layout` the way the convention it declares (or,
+    for an engine that honours training, the convention it was told) says. `observations`:
+    harness.observed_convention.Observation; `diagnoses`: the capture diagnoses of the lists
+    that differed from that prediction."""
+    from harness.observed_convention import disagreements, infer_layout
+
+    wrong = disagreements(declared, observations)
+    if wrong:
+        seen = infer_layout(observations)
+        raise ConformanceFailure(
+            f"{layout} configs: the engine does not apply the layer-id rule {declared} states "
+            f"on {len(wrong)} of {len(observations)} list(s): {'; '.join(wrong)}. Observed rule: "
+            f"{seen['rule']}, slots in {seen['slot_order']}. " + " ".join(
+                d.message for d in diagnoses if d.kind != "ok")[:2000], list(diagnoses))
+
+
+def assert_fix_holds(result: str, holds: bool, diagnoses: Sequence[Diagnosis] = ()) -> None:
+    """A suggested id list, re-served, made the engine capture the training boundaries (or a
+    "no id list fixes this" claim survived the literal ids); `result` words it either way
+    (harness.observed_convention.fix_result)."""
+    if not holds:
+        raise ConformanceFailure(result, list(diagnoses))
+

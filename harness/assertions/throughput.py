@@ -1,0 +1,45 @@
+"""The throughput consistency gate: measured speedup against the cost model's prediction.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from harness.assertions.base import fail
+from harness.diagnosis.record import Diagnosis
+from harness.diagnosis.throughput import throughput_diagnosis
+from harness.throughput import SpeedupFinding
+from harness.tolerances import tolerance_for
+
+
+def assert_speedup_consistent(finding: SpeedupFinding, *, engine_name: str, draft: str,
+                              prompts: Sequence[Sequence[int]], check: str,
+                              trained_acceptance: float | None = None, dtype: str = "float32",
+                              shortfall: Callable[[], Diagnosis] | None = None) -> None:
+    """Speculation delivers the speedup its measured acceptance and per-step costs promise
+    (harness.throughput.judge_speedup decides the numbers; this words and raises).
+
+    Where the timed run's acceptance is itself below training's (`trained_acceptance`: the
+    golden traces' on the same prompts) by more than the dtype's prediction margin (the bound
+    the held-out acceptance check uses), a speculation that does
+    not pay is first of all an acceptance problem (the motivating user's case): the failure
+    is diagnosed by `shortfall` (the acceptance explainer), never as serving overhead."""
+    if finding.failure is None:
+        return
+    margin = tolerance_for(dtype).prediction_margin
+    if (shortfall is not None and trained_acceptance is not None
+            and finding.acceptance_length < trained_acceptance * (1 - margin)):
+        diag = shortfall()
+        fail(f"{finding.failure}; the timed run's acceptance length "
+             f"{finding.acceptance_length:.3f} is more than {margin:.0%} below training's "
+             f"{trained_acceptance:.3f} on the same prompts, so the acceptance, not the serving loop, is "
+             f"what costs the speedup: {diag.message}", draft=draft, engine_name=engine_name,
+             prompts=prompts, diagnoses=[diag], check=check)
+    diag = throughput_diagnosis(finding.failure, finding.dominant,
+                                measured_speedup=finding.measured,
+                                predicted_speedup=finding.predicted,
+                                acceptance_length=finding.acceptance_length,
+                                dominant_share=finding.dominant_share)
+    fail(diag.message, draft=draft, engine_name=engine_name, prompts=prompts, diagnoses=[diag],
+         check=check)
+
