@@ -67,10 +67,14 @@ def _classify(slots: list[SlotMatch], train: list[int], n: int) -> tuple[str, in
     found = [s.found for s in slots]
     if len(slots) == len(train) and all(s.exact for s in slots):
         return "ok", None, None
+    final_exact = any(s.expected == n and s.exact for s in slots)
     for s in slots:
         # A post-norm state in any slot: the engine took its deepest capture after the final
-        # norm (wherever training put that slot, no pre-norm boundary equals it).
-        if s.found == FINAL_NORMED and s.expected is not None:
+        # norm (wherever training put that slot, no pre-norm boundary equals it) - unless the
+        # final boundary itself arrived as trained: then that slot is another normalised state
+        # (in reduced precision a layer's input-normed state is identified as the nearest
+        # post-norm candidate), which the fitted causes judge
+        if s.found == FINAL_NORMED and s.expected is not None and not final_exact:
             return "final_boundary_normed", None, s.slot
     for s in slots:
         if s.expected is not None and s.found == mlp_label(s.expected) and s.expected > 0:

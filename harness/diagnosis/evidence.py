@@ -63,9 +63,19 @@ def _off_slots(features: Sequence[torch.Tensor], golden: Sequence[TargetFeatures
 
 
 def _judged_off_slots(features: Sequence[torch.Tensor], golden: Sequence[TargetFeatures],
-                      train: Sequence[int], rtol: float) -> list[int]:
-    """The slots off training, where the width lets slots be judged one by one ([] if not)."""
-    return _off_slots(features, golden, train, rtol) if _width_ok(features, golden, train) else []
+                      train: Sequence[int], rtol: float, separation: float = 0.0) -> list[int]:
+    """The slots off training, where the width lets slots be judged one by one ([] if not).
+    Reduced precision (separation > 0): a slot whose median token is within rtol is its
+    trained boundary with a few tokens precision carried past the bound, not a slot to fit."""
+    if not _width_ok(features, golden, train):
+        return []
+    off = _off_slots(features, golden, train, rtol)
+    if separation <= 0:
+        return off
+    hidden = golden[0].boundaries.shape[-1]
+    return [s for s in off if float(torch.cat([
+        relative_errors(_chunk(x, s, hidden), g.boundaries[train[s]])
+        for x, g in zip(features, golden, strict=True)]).median()) > rtol]
 
 
 def _width_ok(features: Sequence[torch.Tensor], golden: Sequence[TargetFeatures],
@@ -147,7 +157,7 @@ def normalised(features: Sequence[torch.Tensor], golden: Sequence[TargetFeatures
                train: Sequence[int], rtol: float, separation: float = 0.0) -> Finding | None:
     """Every off slot is its trained boundary rescaled per token and weighted per channel:
     the engine captured it after a normalisation (a layer's input norm)."""
-    off = _judged_off_slots(features, golden, train, rtol)
+    off = _judged_off_slots(features, golden, train, rtol, separation)
     if not off:
         return None
     hidden = golden[0].boundaries.shape[-1]
@@ -178,7 +188,7 @@ def partial_residual(features: Sequence[torch.Tensor], golden: Sequence[TargetFe
                      train: Sequence[int], rtol: float, separation: float = 0.0) -> Finding | None:
     """Every off slot is its trained boundary k minus layer k-1's MLP output: the residual
     stream after attention only, a partial sum (an engine capturing `residual` alone)."""
-    off = _judged_off_slots(features, golden, train, rtol)
+    off = _judged_off_slots(features, golden, train, rtol, separation)
     if not off or any(train[s] == 0 for s in off):
         return None
     hidden = golden[0].boundaries.shape[-1]
@@ -208,7 +218,7 @@ def position_shift(features: Sequence[torch.Tensor], golden: Sequence[TargetFeat
                    train: Sequence[int], rtol: float, separation: float = 0.0) -> Finding | None:
     """Every off slot holds, at token t, its trained boundary at token t - d for one d != 0:
     rows displaced in position (a feature paired with the wrong token)."""
-    off = _judged_off_slots(features, golden, train, rtol)
+    off = _judged_off_slots(features, golden, train, rtol, separation)
     if not off:
         return None
     hidden = golden[0].boundaries.shape[-1]

@@ -86,6 +86,20 @@ class WorkerEngine(Engine):
     def close(self) -> None:
         self._finalizer()
 
+    def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int,
+                 speculative: bool) -> Generation:
+        """Plain decoding in the plain worker; speculative in the draft's worker, whose
+        result each adapter reads into a Generation (`_generation`)."""
+        if not speculative:
+            return self._generate_plain(prompts, max_new_tokens)
+        result = self._call_spec("generate", [list(p) for p in prompts], max_new_tokens)
+        return self._generation(result, self.options.num_draft_tokens)
+
+    def _generation(self, result: dict[str, Any], k: int) -> Generation:
+        """The speculative worker's `generate` result as a Generation (acceptance counters
+        in the engine's own format)."""
+        raise NotImplementedError
+
     def _generate_plain(self, prompts: Sequence[Sequence[int]], max_new_tokens: int) -> Generation:
         """Greedy generation by the shared target-only worker (its op returns `tokens`)."""
         return Generation(tokens=self._call(self._plain(), "generate", [list(p) for p in prompts],

@@ -27,7 +27,6 @@ from __future__ import annotations
 import importlib.metadata
 import importlib.util
 import json
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -182,13 +181,8 @@ class SglangEngine(WorkerEngine):
     def version(self) -> str:
         return f"{self._version}+cuda"
 
-    def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int,
-                 speculative: bool) -> Generation:
-        if not speculative:
-            return self._generate_plain(prompts, max_new_tokens)
-        batch = [list(p) for p in prompts]
-        result = self._call_spec("generate", batch, max_new_tokens)
-        k = self.options.num_draft_tokens
+    def _generation(self, result: dict[str, Any], k: int) -> Generation:
+        """SGLang's per-request `meta_info` acceptance, summed, as a Generation."""
         per_prompt = [acceptance_from_meta(meta, k) for meta in result["meta"]]
         total = sum(per_prompt[1:], per_prompt[0]) if per_prompt else Acceptance(
             accepted_per_pos=[0] * k)

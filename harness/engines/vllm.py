@@ -90,13 +90,8 @@ class VllmEngine(WorkerEngine):
         device = "cpu" if self.options.device == "cpu" else "cuda"
         return f"{self._dist[1]}+{device}"
 
-    def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int,
-                 speculative: bool) -> Generation:
-        if not speculative:
-            return self._generate_plain(prompts, max_new_tokens)
-        batch = [list(p) for p in prompts]
-        result = self._call_spec("generate", batch, max_new_tokens)
-        k = self.options.num_draft_tokens
+    def _generation(self, result: dict[str, Any], k: int) -> Generation:
+        """vLLM's spec-decode counters (totals and per request) as a Generation."""
         totals = result["acceptance"]
         acceptance = Acceptance(
             num_drafts=int(totals.get("num_drafts", 0)),
