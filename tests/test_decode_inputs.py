@@ -150,3 +150,20 @@ def test_non_finite_servings_are_non_finite_not_history(oracle) -> None:
                                    tokens=None, traces=None, oracle=oracle, dtype="float32",
                                    device="cpu", engine_name="test", draft="d", check="test")
     assert [d.kind for d in info.value.diagnoses] == ["non_finite"]
+
+
+def test_rows_shifted_within_every_forward_are_named_from_the_prefill(oracle) -> None:
+    """zoo:aux_rows_one_late at decode time: each forward (the prefill, every verify round)
+    hands row t the state of t - 1 and its first row zero. The whole feed fits no model (a
+    zero at every round's start); its prefill is one forward, which the capture diagnosis
+    names position_shifted, as the capture checks do (the fp32 selftest had this check say
+    unrecognised / stale_or_skipped)."""
+    decode = []
+    for p, t in zip(PROMPTS, TOKENS, strict=True):
+        feeds = _feeds(oracle, p, t)
+        for f in feeds:
+            f.features = torch.nn.functional.pad(f.features, (0, 0, 1, 0))[:-1]
+        decode.append(feeds)
+    failed = _fails(oracle, DecodeInputs(TOKENS, decode))
+    assert [d.kind for d in failed.diagnoses] == ["position_shifted"], str(failed)
+    assert "prefill's feed is already not training's" in str(failed)

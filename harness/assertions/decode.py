@@ -94,12 +94,27 @@ def assert_decode_inputs_match(*, decode: DecodeInputs, oracle, prompts: Sequenc
                  prompts=prompts, diagnoses=[diag], check=check)
     noise = None if tolerance_for(dtype).strict else [
         _prefix(oracle.reference_features(s, dtype, device), x.shape[0]) for s, x in zip(sequences, rows, strict=True)]
+    judged = dict(training_boundaries=training_boundaries, dtype=dtype, engine_name=engine_name,
+                  engine_convention=engine_convention, config_ids=config_ids, draft=draft,
+                  prompts=prompts, check=check)
     try:
-        assert_capture_matches(features=rows, golden=golden, training_boundaries=training_boundaries,
-                               dtype=dtype, engine_name=engine_name, engine_convention=engine_convention,
-                               config_ids=config_ids, draft=draft, prompts=prompts, check=check,
-                               noise=noise)
+        assert_capture_matches(features=rows, golden=golden, noise=noise, **judged)
     except ConformanceFailure as failed:
+        # pass/fail is the whole feed's; the cause is named from the prefill's rows where they
+        # are wrong already: they are the capture of one forward, which the capture diagnosis
+        # reads (a row shift within each forward leaves every decode round's first row zero,
+        # which no whole-feed model fits), and the re-feeds inherit its bug
+        cut = [len(feeds[0].positions) for feeds in decode.feeds]
+        try:
+            assert_capture_matches(
+                features=[x[:c] for x, c in zip(rows, cut, strict=True)],
+                golden=[_prefix(g, c) for g, c in zip(golden, cut, strict=True)],
+                noise=None if noise is None else [_prefix(n, c) for n, c in zip(noise, cut, strict=True)],
+                **judged)
+        except ConformanceFailure as prefill:
+            raise ConformanceFailure(f"decode-time feeds ({sum(x.shape[0] for x in rows)} rows): the "
+                                     f"prefill's feed is already not training's: {prefill}",
+                                     prefill.diagnoses) from None
         raise ConformanceFailure(f"decode-time feeds (the prefill and the re-feeds after every verify "
                                  f"round, {sum(x.shape[0] for x in rows)} rows): {failed}",
                                  failed.diagnoses) from None
