@@ -118,14 +118,21 @@ def call_work(method: str, args: Sequence[Any]) -> int:
     if method == "generate":
         new = int(args[1]) if len(args) > 1 else 0
         return _tokens(prompts) + len(prompts) * new * (2 if (len(args) > 2 and args[2]) else 1)
+    if method == "decode_inputs":  # a speculative generation, recorded
+        new = int(args[1]) if len(args) > 1 else 0
+        return _tokens(prompts) + len(prompts) * new * 2
     return _tokens(prompts)
 
 
 class BoundedCalls:
-    """Replaces an engine instance's `capture` and `generate` by bounded versions (instance
-    attributes: the class, isinstance and every other attribute stay the engine's own)."""
+    """Replaces an engine instance's `capture`, `generate` and `decode_inputs` by bounded
+    versions (instance attributes: the class, isinstance and every other attribute stay the
+    engine's own). Every protocol call that runs the engine is here: one left out hangs the
+    run where the engine does (zoo:capture_hangs hung the decode-input check for good)."""
 
-    METHODS = ("capture", "generate")
+    METHODS = ("capture", "generate", "decode_inputs")
+    ARGS = {"capture": ("prompts",), "generate": ("prompts", "max_new_tokens", "speculative"),
+            "decode_inputs": ("prompts", "max_new_tokens")}
 
     def __init__(self, engine: Any, budget: CallBudget, on_hang: Callable[[str], None]) -> None:
         self.engine, self.budget, self.on_hang = engine, budget, on_hang
@@ -140,8 +147,7 @@ class BoundedCalls:
             if self.hung is not None:
                 pytest.skip(self.hung)
             if kwargs:  # keyword calls are bound positionally, in protocol order
-                names = {"capture": ("prompts",),
-                         "generate": ("prompts", "max_new_tokens", "speculative")}[method]
+                names = self.ARGS[method]
                 args = (*args, *(kwargs.pop(n) for n in names[len(args):] if n in kwargs))
             work = call_work(method, args)
             seconds = self.budget.deadline(work, self.first)

@@ -88,3 +88,14 @@ def test_k_matching_nothing_is_bad_input(smoke_bundle: Path, tmp_path: Path) -> 
     assert run.returncode == 2, run.stdout[-2000:] + run.stderr[-2000:]
     assert "matches no check" in one_error_line(run.stderr)
     assert_no_report(out)
+
+
+def test_a_hang_in_the_decode_input_recording_is_a_finding(smoke_bundle: Path, tmp_path: Path) -> None:
+    """decode_inputs runs the engine too: unbounded, zoo:capture_hangs blocked the selftest's
+    decode-input check for good (measured: over 30 min, until killed)."""
+    out = seed_stale_report(tmp_path / "out")
+    run = _run("zoo:capture_hangs", smoke_bundle, out, k="test_decode_inputs")
+    assert run.returncode == 1, run.stdout[-2000:] + run.stderr[-2000:]
+    decode = _status(_report(out), "test_decode_inputs")
+    assert "decode_inputs did not return within" in decode["message"], decode
+    assert [d["kind"] for d in decode["diagnoses"]] == ["hang"], decode
