@@ -21,11 +21,12 @@ import json
 import threading
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import ClassVar
 
 import torch
 
-from harness.boundaries import get_convention
+from harness.boundaries import Convention, get_convention
 from harness.engines.reference import ReferenceEngine
 from harness.models.draft import DraftKV
 from harness.models.residual import TargetStates
@@ -123,7 +124,12 @@ class VllmIdsUnshifted(Mutant):
     expected_diagnosis_kind = "offset"
     hook = "capture_boundaries"
     issue = "vllm-project/vllm#43671"
-    convention = "vllm"  # lets the diagnosis word the id list that fixes it
+    # vLLM's rule without its sorting, declared as such: the layer-id checks then hold the
+    # mutant to b = id in config order and find it true to its claim, so its one bug shows
+    # where a SpecForge draft is served (offset -1), worded with the ids that fix it
+    convention: ClassVar[Convention] = replace(
+        get_convention("vllm"), name="vllm-unsorted", sorts_ids=False,
+        description="vLLM 0.32's b = id (zoo:vllm_ids_unshifted), slots kept in config order")
 
     def capture_boundaries(self) -> Sequence[int]:
         return [i for i in self.layer_ids if i >= 0]
