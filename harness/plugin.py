@@ -354,8 +354,16 @@ def pytest_testnodedown(node: Any, error: Any) -> None:
     state.unmatched_xfails = state.unmatched_xfails or payload["unmatched_xfails"]
 
 
+# seconds the session waits, at its end, for the calls abandoned at their deadline to finish
+# once their engines are closed (harness.timeouts.join_abandoned)
+ABANDONED_WAIT_S = 30.0
+
+
 @pytest.hookimpl(trylast=True)  # after junitxml has written its file
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    from harness import timeouts
+
+    timeouts.join_abandoned(ABANDONED_WAIT_S)
     state = _state(session.config)
     partial = state.junit_tmp
     if distributed.is_worker(session.config):  # the controller writes the one report

@@ -28,6 +28,7 @@ too; no in-process watchdog can help there (run such an engine out of process).
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -90,12 +91,36 @@ def call_with_deadline(fn: Callable[..., T], args: Sequence[Any], seconds: float
 
     worker = threading.Thread(target=run, name=f"engine-{call}", daemon=True)
     worker.start()
-    worker.join(seconds)
+    # short joins: the main thread runs Python between them, so a Ctrl-C that the OS handed
+    # to the worker thread is raised here at once, not after the deadline (seen under load:
+    # the interrupt of a busy capture came out as a hang)
+    end = time.monotonic() + seconds
+    while worker.is_alive() and time.monotonic() < end:
+        worker.join(min(_POLL_S, max(0.0, end - time.monotonic())))
     if worker.is_alive():
+        _ABANDONED.append(worker)
         raise EngineHang(call, seconds, work)
     if "error" in box:
         raise box["error"]
     return box["value"]
+
+
+_POLL_S = 0.2
+# workers of calls past their deadline, still in engine code. None may be running while the
+# interpreter shuts down: a torch op in a daemon thread at exit aborts the process
+# ("terminate called without an active exception", exit -6, seen with zoo:capture_hangs once
+# close() released its blocked forward), so the session waits for them (`join_abandoned`)
+_ABANDONED: list[threading.Thread] = []
+
+
+def join_abandoned(seconds: float) -> int:
+    """Wait up to `seconds` in all for the workers of hung calls to end (closing a hung
+    engine releases them); how many are still running."""
+    end = time.monotonic() + seconds
+    for worker in list(_ABANDONED):
+        worker.join(max(0.0, end - time.monotonic()))
+    _ABANDONED[:] = [w for w in _ABANDONED if w.is_alive()]
+    return len(_ABANDONED)
 
 
 def hang_diagnosis(engine_name: str, hang: EngineHang) -> Diagnosis:
