@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import replace
+from functools import partial
 
 import torch
 
@@ -82,23 +83,19 @@ def assert_capture_matches(*, features: Sequence[torch.Tensor], golden: Sequence
     # the reduced-precision judgement failed a capture whose labels may all be as trained: the
     # diagnosis still looks for the fitted causes and gathers the evidence below
     judged_off = found is not None and not found.ok
-    diag = diagnose_capture(features, golden, training_boundaries, engine_convention=engine_convention,
-                            config_ids=config_ids, rtol=tol.rtol, separation=tol.separation,
-                            judged_off=judged_off)
+    diagnose = partial(diagnose_capture, training_boundaries=training_boundaries,
+                       engine_convention=engine_convention, config_ids=config_ids, rtol=tol.rtol,
+                       separation=tol.separation, judged_off=judged_off)
+    diag = diagnose(features, golden)
     seen_p, seen_x, seen_g = list(prompts), list(features), list(golden)
     if (diag.kind != "ok" or judged_off) and context is not None:
         more_p, more, more_golden = context()
         seen_p, seen_x, seen_g = [*seen_p, *more_p], [*seen_x, *more], [*seen_g, *more_golden]
-        diag = diagnose_capture(seen_x, seen_g, training_boundaries,
-                                engine_convention=engine_convention, config_ids=config_ids,
-                                rtol=tol.rtol, separation=tol.separation, judged_off=judged_off)
+        diag = diagnose(seen_x, seen_g)
     batched = len(features) > 1 if in_batch is None else in_batch
     if ((diag.kind != "ok" or judged_off) and alone is not None
             and (batched or len(seen_x) > len(features))):
-        diag = diagnose_capture(seen_x, seen_g, training_boundaries,
-                                engine_convention=engine_convention, config_ids=config_ids,
-                                rtol=tol.rtol, separation=tol.separation, alone=alone(seen_p),
-                                judged_off=judged_off)
+        diag = diagnose(seen_x, seen_g, alone=alone(seen_p))
     if widths != {expected_width}:
         fail(f"the engine handed the draft {sorted(widths)}-wide features, training fed fc "
              f"{expected_width} = {len(training_boundaries)} aux states x {hidden}; "
