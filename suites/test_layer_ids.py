@@ -97,7 +97,10 @@ class ServedDrafts:
     """Engines for factory drafts, one per config, the last one kept alive and every capture
     memoised. A config that crashed the engine is not started again: the crash comes from its
     ids (vLLM's id-0 TypeError is raised at the first capture, whatever the prompt), and a
-    restart per Hypothesis shrink step would cost minutes; the failure says so."""
+    restart per Hypothesis shrink step would cost minutes; the failure says so. After one config
+    hung, no other config is started: each would wait out its own start-up and capture
+    deadlines (zoo:capture_hangs took an hour at a quarter of the deadlines), and the engine has
+    already failed; those configs carry the first hang's finding, saying they were not served."""
 
     def __init__(self, engine_class: type, options: EngineOptions, factory: DraftFactory,
                  oracle: Oracle, report, deadlines: CallBudget | None = None) -> None:
@@ -107,6 +110,7 @@ class ServedDrafts:
         self._crashes: dict[tuple, tuple[str, list]] = {}
         self._captures: dict[tuple, Capture] = {}
         self._live: tuple[tuple, Engine] | None = None
+        self._hung: tuple[tuple[int, ...], EngineHang, Diagnosis] | None = None  # the first hang
         self._first = True  # the live engine's next call is its first (start-up allowance)
         self.budget_s: float | None = None  # start-up seconds left to the running property
         self.rejected = 0
@@ -167,6 +171,10 @@ class ServedDrafts:
                 return Capture(features=[whole.features[i] for i in rows],
                                fc_out=None if whole.fc_out is None else [whole.fc_out[i] for i in rows])
         memo = (key, tuple(wanted))
+        if memo not in self._captures and self._hung is not None:
+            hung_ids, hang, diagnosis = self._hung
+            return (f"not served: the engine gave no answer on ids {list(hung_ids)} earlier "
+                    f"in this run ({hang}), and no config is started after a hang", [diagnosis])
         if memo not in self._captures:
             try:
                 engine = self._engine(key)
@@ -176,8 +184,9 @@ class ServedDrafts:
                 self._captures[memo] = call_with_deadline(engine.capture, (batch,), seconds,
                                                           "capture", work)
             except EngineHang as hang:
-                self._crashes[key] = (f"no answer: {hang}",
-                                      [hang_diagnosis(self.engine_class.name, hang)])
+                diagnosis = hang_diagnosis(self.engine_class.name, hang)
+                self._crashes[key] = (f"no answer: {hang}", [diagnosis])
+                self._hung = (ids, hang, diagnosis)
                 self.close()
                 return self._crashes[key]
             except (EngineCrash, RuntimeError) as crash:
@@ -201,9 +210,12 @@ class ServedDrafts:
         if isinstance(out, tuple):
             message, diagnoses = out
             self.report.observe(Observation(crash=message, **obs))
+            what = ("was not served" if message.startswith("not served") else
+                    "crashed the engine")
             return Served(ids, layout, crash=message, failure=ConformanceFailure(
-                f"ids {list(ids)} ({layout} config) crashed the engine: {message} (a config that "
-                f"crashed is not restarted for other prompts)", diagnoses))
+                f"ids {list(ids)} ({layout} config) {what}: {message} (a config that "
+                f"crashed is not restarted for other prompts)".replace(": not served:", ":"),
+                diagnoses))
         pinned = self.oracle.pinned_prompts
         key = (ids, layout, self.told_key(told))
 

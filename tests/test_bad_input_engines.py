@@ -99,3 +99,19 @@ def test_a_hang_in_the_decode_input_recording_is_a_finding(smoke_bundle: Path, t
     decode = _status(_report(out), "test_decode_inputs")
     assert "decode_inputs did not return within" in decode["message"], decode
     assert [d["kind"] for d in decode["diagnoses"]] == ["hang"], decode
+
+
+def test_no_layer_id_config_is_started_after_a_hang(smoke_bundle: Path, tmp_path: Path) -> None:
+    """Each config served after a hang would wait out its own start-up and capture deadlines:
+    zoo:capture_hangs' layer-id checks took an hour at a quarter of the deadlines. The first
+    hang is the finding; every later config carries it and says it was not served."""
+    out = seed_stale_report(tmp_path / "out")
+    run = _run("zoo:capture_hangs", smoke_bundle, out, k="test_drawn_layer_ids_served_as_trained")
+    assert run.returncode == 1, run.stdout[-2000:] + run.stderr[-2000:]
+    drawn = [c for c in _report(out)["checks"] if "test_drawn_layer_ids_served_as_trained" in c["id"]]
+    assert len(drawn) >= 2, drawn
+    # Hypothesis shrinks to a config drawn after the hang: its failure still names the hang
+    assert all("capture did not return within" in c["message"] for c in drawn), drawn
+    assert any("was not served: the engine gave no answer on ids" in c["message"]
+               for c in drawn), [c["message"] for c in drawn]
+    assert all([d["kind"] for d in c["diagnoses"]] == ["hang"] for c in drawn), drawn
