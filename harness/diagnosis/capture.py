@@ -21,7 +21,13 @@ from harness.boundaries import (
     ids_to_boundaries,
     short_boundary,
 )
-from harness.diagnosis.evidence import batch_dependence, explain, label_margin, seen_per_slot
+from harness.diagnosis.evidence import (
+    batch_dependence,
+    explain,
+    label_fit,
+    label_margin,
+    seen_per_slot,
+)
 from harness.diagnosis.fingerprint import fingerprint
 from harness.diagnosis.record import (
     AMBIGUOUS,
@@ -96,9 +102,11 @@ def _classify(slots: list[SlotMatch], train: list[int], n: int) -> tuple[str, in
         if len(shifts) == 1:
             return "offset", shifts.pop(), first_bad
         # a shift that cannot move an endpoint: "-1 = embedding" honoured while every real id
-        # shifts, or a +1 that stops at the last layer's output (no boundary beyond N)
+        # shifts, or a +1 that stops at the last layer's output (no boundary beyond N). Both
+        # are one-boundary rules; a larger "shift" that leaves an endpoint in place (every slot
+        # holding boundary N: [1, 8] -> [8, 8]) is slots sharing one buffer, not a convention
         inner = {f - t for f, t in zip(ints, train, strict=True) if not (f == t and t in (0, n))}
-        if len(inner) == 1 and 0 not in inner:
+        if len(inner) == 1 and next(iter(inner)) in (-1, 1):
             return "offset", inner.pop(), first_bad
     aliased = _aliased(slots)
     if aliased is not None:
@@ -206,6 +214,16 @@ def _consistent(config_ids: Sequence[int] | None, found: list[Label], n: int) ->
     return out
 
 
+def _labels_loose(features: Sequence[torch.Tensor], golden: Sequence[TargetFeatures],
+                  found: Sequence[Label], rtol: float) -> bool:
+    """Whether, in reduced precision, the slot labels fall short of naming the slots' states:
+    a labelled slot whose median token is nearer another state (margin < 1), or farther from
+    its labelled state than the tolerance of a reduced-precision capture (rtol: at most that
+    far from its own boundary on the median token; harness.tolerances.REASONS['rtol'])."""
+    margin, farthest = label_fit(features, golden, found, rtol)
+    return margin < 1 or farthest > rtol
+
+
 def diagnose_capture(
     features: Sequence[torch.Tensor],
     golden: Sequence[TargetFeatures],
@@ -241,10 +259,12 @@ def diagnose_capture(
     finding = None
     if kind not in _LABELLED or (kind == "ok" and judged_off):
         finding = explain(features, golden, train, rtol, alone, separation)
-    elif separation > 0 and kind != "ok" and label_margin(features, golden, found, rtol) < 1:
-        # reduced precision: slot labels that another state fits better on the median token
-        # (a normalised state nearest the final norm's output) are no evidence for the cause
-        # read off them; a fitted cause that fits every token takes its place
+    elif separation > 0 and kind != "ok" and _labels_loose(features, golden, found, rtol):
+        # reduced precision: slot labels that another state fits better on the median token,
+        # or that are only the nearest golden state and not the slot's (a normalised state
+        # nearest the final norm's output, a residual without its MLP update nearest the
+        # embedding), are no evidence for the cause read off them; a fitted cause that fits
+        # every token takes its place
         finding = explain(features, golden, train, rtol, alone, separation)
     elif alone is not None and kind != "ok":
         # a cause read off the slot labels stands (a normed final slot is not "normalised");

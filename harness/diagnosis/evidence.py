@@ -325,11 +325,15 @@ def interleaved(features: Sequence[torch.Tensor], golden: Sequence[TargetFeature
 def _matches_training(features: Sequence[torch.Tensor], golden: Sequence[TargetFeatures],
                       train: Sequence[int], rtol: float, separation: float) -> bool:
     """fp32: every token within rtol. Reduced precision: every slot identified as its trained
-    boundary on every token precision can decide (harness.diagnosis.fingerprint)."""
+    boundary on every token precision can decide (harness.diagnosis.fingerprint), and no slot
+    off it on the median token (`_judged_off_slots`): a state that no golden boundary is (a
+    layer's input-normed state) leaves most tokens undecidable, not wrong, so identity alone
+    would call it trained."""
     if separation <= 0:
         return not _off_slots(features, golden, train, rtol)
     return _width_ok(features, golden, train) and all(
-        s.exact for s in fingerprint(features, golden, train, rtol, separation))
+        s.exact for s in fingerprint(features, golden, train, rtol, separation)) and not (
+        _judged_off_slots(features, golden, train, rtol, separation))
 
 
 def batch_dependence(features: Sequence[torch.Tensor], alone: Sequence[torch.Tensor],
@@ -408,10 +412,21 @@ def label_margin(features: Sequence[torch.Tensor], golden: Sequence[TargetFeatur
     """For a cause read off slot labels: over the slots whose label is a golden state, the
     smallest (median over tokens) ratio of the next-nearest state's error to the labelled
     state's: how clearly each slot is what it is said to hold."""
+    return label_fit(features, golden, found, rtol)[0]
+
+
+def label_fit(features: Sequence[torch.Tensor], golden: Sequence[TargetFeatures],
+              found: Sequence[Any], rtol: float) -> tuple[float, float]:
+    """(label_margin, the largest median error of a labelled slot to its labelled state).
+    The second says whether the label is the slot's state or merely the golden state nearest
+    it: in reduced precision a slot holding a state no golden boundary is (one rescaled by a
+    layer's input norm, a residual without its MLP update) is still labelled by its nearest
+    candidate, which can be the embedding or the final norm's output, median errors of
+    0.3-0.8 away."""
     hidden = golden[0].boundaries.shape[-1]
-    worst = math.inf
+    worst, farthest = math.inf, 0.0
     for s, label in enumerate(found):
-        ratios = []
+        ratios, own = [], []
         for x, g in zip(features, golden, strict=True):
             names, states = candidates(g)
             if label not in names:
@@ -420,6 +435,8 @@ def label_margin(features: Sequence[torch.Tensor], golden: Sequence[TargetFeatur
             err = relative_errors(_chunk(x, s, hidden)[None], states)
             others = torch.cat([err[:i], err[i + 1:]]).min(dim=0).values
             ratios.append(others / err[i].clamp_min(rtol * 1e-3))
+            own.append(err[i])
         if ratios:
             worst = min(worst, float(torch.cat(ratios).median()))
-    return worst
+            farthest = max(farthest, float(torch.cat(own).median()))
+    return worst, farthest
