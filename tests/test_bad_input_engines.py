@@ -22,13 +22,13 @@ ROOT = Path(__file__).resolve().parents[1]
 CHECKS = "test_capture_pinned_prompts or test_draft_config or test_fc_output"
 
 
-def _run(engine: str, bundle: Path, out: Path, k: str = CHECKS,
-         timeout: float = 240) -> subprocess.CompletedProcess[str]:
+def _run(engine: str, bundle: Path, out: Path, k: str = CHECKS, timeout: float = 240,
+         scale: str = "0.01") -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "tests")]))
     env.pop("CI", None)
     return subprocess.run(
         [sys.executable, "-m", "harness.cli", "run", "--engine", engine, "--bundle", str(bundle),
-         "--draft", "single-aux", "--report-dir", str(out), "--engine-timeout-scale", "0.01",
+         "--draft", "single-aux", "--report-dir", str(out), "--engine-timeout-scale", scale,
          "--profile", "dev", "-k", k, "--", "-q", "-p", "no:cacheprovider"],
         capture_output=True, text=True, env=env, timeout=timeout, check=False, cwd=ROOT)
 
@@ -74,8 +74,12 @@ def test_misbehaving_engine_is_a_finding(adapter: str, kind: str | None, needle:
 
 def test_ctrl_c_mid_check_is_no_verdict(smoke_bundle: Path, tmp_path: Path) -> None:
     out = seed_stale_report(tmp_path / "out")
+    # full deadlines: the interrupt, not a deadline, must end the capture (at a hundredth of
+    # them, 6.8 s, a run on a machine loaded five processes to two cores once reported the
+    # interrupted capture as a hang); an interrupt never honoured lets the adapter's 30 s wait
+    # end and the capture finish, which fails this test too
     run = _run("misbehaving_adapters:InterruptedMidCheck", smoke_bundle, out,
-               k="test_capture_pinned_prompts")
+               k="test_capture_pinned_prompts", scale="1")
     assert run.returncode == 130, run.stdout[-2000:] + run.stderr[-2000:]
     assert "interrupted (Ctrl-C)" in one_error_line(run.stderr.split("!!!")[-1].strip().splitlines()[-1])
     assert "verdict: nonconformant" not in run.stdout
