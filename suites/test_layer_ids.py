@@ -78,6 +78,10 @@ PROBES = ((1, 5, 3), (4,), (-1, 4))
 ID_FIELD = "eagle_aux_hidden_state_layer_ids"
 
 
+# the start of the answer for a config not started because an earlier one hung
+NOT_SERVED = "not served: "
+
+
 @dataclass
 class Served:
     """One config served on some prompts: the capture diagnosis, or the crash."""
@@ -173,7 +177,7 @@ class ServedDrafts:
         memo = (key, tuple(wanted))
         if memo not in self._captures and self._hung is not None:
             hung_ids, hang, diagnosis = self._hung
-            return (f"not served: the engine gave no answer on ids {list(hung_ids)} earlier "
+            return (f"{NOT_SERVED}the engine gave no answer on ids {list(hung_ids)} earlier "
                     f"in this run ({hang}), and no config is started after a hang", [diagnosis])
         if memo not in self._captures:
             try:
@@ -210,12 +214,10 @@ class ServedDrafts:
         if isinstance(out, tuple):
             message, diagnoses = out
             self.report.observe(Observation(crash=message, **obs))
-            what = ("was not served" if message.startswith("not served") else
-                    "crashed the engine")
+            what = "was not served" if message.startswith(NOT_SERVED) else "crashed the engine"
             return Served(ids, layout, crash=message, failure=ConformanceFailure(
-                f"ids {list(ids)} ({layout} config) {what}: {message} (a config that "
-                f"crashed is not restarted for other prompts)".replace(": not served:", ":"),
-                diagnoses))
+                f"ids {list(ids)} ({layout} config) {what}: {message.removeprefix(NOT_SERVED)} "
+                f"(a config that crashed is not restarted for other prompts)", diagnoses))
         pinned = self.oracle.pinned_prompts
         key = (ids, layout, self.told_key(told))
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import replace
+from functools import cache, partial
 
 import torch
 
@@ -25,7 +26,6 @@ from harness.diagnosis.evidence import (
     batch_dependence,
     explain,
     label_fit,
-    label_margin,
     seen_per_slot,
 )
 from harness.diagnosis.fingerprint import fingerprint
@@ -214,13 +214,13 @@ def _consistent(config_ids: Sequence[int] | None, found: list[Label], n: int) ->
     return out
 
 
-def _labels_loose(features: Sequence[torch.Tensor], golden: Sequence[TargetFeatures],
-                  found: Sequence[Label], rtol: float) -> bool:
-    """Whether, in reduced precision, the slot labels fall short of naming the slots' states:
-    a labelled slot whose median token is nearer another state (margin < 1), or farther from
-    its labelled state than the tolerance of a reduced-precision capture (rtol: at most that
-    far from its own boundary on the median token; harness.tolerances.REASONS['rtol'])."""
-    margin, farthest = label_fit(features, golden, found, rtol)
+def _labels_loose(fit: tuple[float, float], rtol: float) -> bool:
+    """Whether, in reduced precision, the slot labels fall short of naming the slots' states
+    (fit: evidence.label_fit's margin and farthest labelled slot): a labelled slot whose median
+    token is nearer another state (margin < 1), or farther from its labelled state than the
+    tolerance of a reduced-precision capture (rtol: at most that far from its own boundary on
+    the median token; harness.tolerances.REASONS['rtol'])."""
+    margin, farthest = fit
     return margin < 1 or farthest > rtol
 
 
@@ -256,10 +256,13 @@ def diagnose_capture(
     slots = fingerprint(features, golden, train, rtol, separation)
     found: list[Label] = [s.found for s in slots]
     kind, offset, at = _classify(slots, train, n)
+    # how well the slot labels fit: read by the reduced-precision branch below and by the
+    # confidence margin of a cause read off labels; computed at most once
+    fit = cache(partial(label_fit, features, golden, found, rtol))
     finding = None
     if kind not in _LABELLED or (kind == "ok" and judged_off):
         finding = explain(features, golden, train, rtol, alone, separation)
-    elif separation > 0 and kind != "ok" and _labels_loose(features, golden, found, rtol):
+    elif separation > 0 and kind != "ok" and _labels_loose(fit(), rtol):
         # reduced precision: slot labels that another state fits better on the median token,
         # or that are only the nearest golden state and not the slot's (a normalised state
         # nearest the final norm's output, a residual without its MLP update nearest the
@@ -316,7 +319,7 @@ def diagnose_capture(
             + (f", off at (prompt, token) {d['first_off_tokens']}" if d["first_off_tokens"] else "")
             for d in seen) + "."
     elif kind != "ok":
-        details["confidence_margin"] = label_margin(features, golden, found, rtol)
+        details["confidence_margin"] = fit()[0]
     if "confidence_margin" in details and kind != "ok":
         m = details["confidence_margin"]
         message += (" Confidence margin: none, no explanation fits." if m == 0 else

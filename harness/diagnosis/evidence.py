@@ -407,22 +407,16 @@ def seen_per_slot(features: Sequence[torch.Tensor], golden: Sequence[TargetFeatu
     return out
 
 
-def label_margin(features: Sequence[torch.Tensor], golden: Sequence[TargetFeatures],
-                 found: Sequence[Any], rtol: float) -> float:
-    """For a cause read off slot labels: over the slots whose label is a golden state, the
-    smallest (median over tokens) ratio of the next-nearest state's error to the labelled
-    state's: how clearly each slot is what it is said to hold."""
-    return label_fit(features, golden, found, rtol)[0]
-
-
 def label_fit(features: Sequence[torch.Tensor], golden: Sequence[TargetFeatures],
               found: Sequence[Any], rtol: float) -> tuple[float, float]:
-    """(label_margin, the largest median error of a labelled slot to its labelled state).
-    The second says whether the label is the slot's state or merely the golden state nearest
-    it: in reduced precision a slot holding a state no golden boundary is (one rescaled by a
-    layer's input norm, a residual without its MLP update) is still labelled by its nearest
-    candidate, which can be the embedding or the final norm's output, median errors of
-    0.3-0.8 away."""
+    """For a cause read off slot labels: (margin, farthest). margin: over the slots whose label
+    is a golden state, the smallest (median over tokens) ratio of the next-nearest state's
+    error to the labelled state's, how clearly each slot is what it is said to hold.
+    farthest: the largest median error of a labelled slot to its labelled state, which says
+    whether the label is the slot's state or merely the golden state nearest it: in reduced
+    precision a slot holding a state no golden boundary is (one rescaled by a layer's input
+    norm, a residual without its MLP update) is still labelled by its nearest candidate, which
+    can be the embedding or the final norm's output, median errors of 0.3-0.8 away."""
     hidden = golden[0].boundaries.shape[-1]
     worst, farthest = math.inf, 0.0
     for s, label in enumerate(found):
