@@ -31,7 +31,7 @@ from harness.report import ConformanceFailure
 from harness.throughput import SpeedupFinding
 from harness.tolerances import tolerance_for, tolerance_text
 
-__all__ = ["ConformanceFailure", "FcVerdict", "assert_capture_matches",
+__all__ = ["ConformanceFailure", "FcVerdict", "assert_canary_accepts", "assert_capture_matches",
            "assert_capture_matches_oracle", "assert_convention_as_declared", "assert_fc_matches",
            "assert_fix_holds", "assert_speedup_consistent", "batch_leaks", "crash_failure",
            "divergence", "fail", "failure", "fc_allowances", "judge_fc", "near_tie_bound",
@@ -376,3 +376,20 @@ def assert_fix_holds(result: str, holds: bool, diagnoses: Sequence[Diagnosis] = 
     (harness.observed_convention.fix_result)."""
     if not holds:
         raise ConformanceFailure(result, list(diagnoses))
+
+
+def assert_canary_accepts(measured: float, canary: dict, *, engine_name: str, draft: str,
+                          prompts: Sequence[Sequence[int]]) -> None:
+    """The canary: served on the bundle's canary prompts, the engine's mean acceptance length
+    (its own counters, nothing else) reaches the line the bundle drew between serving as
+    trained and the best wrong wiring it measured there (`harness.tolerances.REASONS["canary"]`)."""
+    line = float(canary["threshold"])
+    if measured >= line:
+        return
+    fail(f"canary: mean acceptance length {measured:.3f} on the {len(prompts)} canary prompts is "
+         f"below the line {line:.3f}: training's wiring serves {float(canary['served']):.3f} there, "
+         f"the best wrong wiring the bundle measured ({canary['best_wrong_wiring']}) "
+         f"{float(canary['best_wrong']):.3f}. The engine feeds the draft other states than it "
+         f"was trained on (or drafts from them wrongly); run the capture checks where the engine "
+         f"exposes its aux states, or `eagle3-conformance doctor`, to name the wiring",
+         draft=draft, engine_name=engine_name, prompts=prompts)

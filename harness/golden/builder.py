@@ -35,12 +35,21 @@ from harness.golden.training import (
     ttt_forward,
     vocab_mapping,
 )
+from harness.golden.wirings import (
+    SERVED,
+    choose_canary,
+    mean_acceptance_length,
+    per_prompt_acceptance,
+    wirings,
+)
 from harness.models.draft import DraftConfig, Eagle3Draft
 from harness.models.target import load_target
+from harness.tolerances import CANARY_FRACTION
 
 NUM_DRAFT_TOKENS = 4
 DRAFT_VOCAB_SIZE = 160
 PINNED_MAX_LEN = 32
+CANARY_PROMPTS = 6  # held-out prompts the canary serves (of BuildSize.heldout_prompts)
 CONTINUATION_LEN = 32
 REGEN_PROMPT_LEN = 16
 
@@ -51,7 +60,7 @@ class BuildSize:
     of the same code on a sliver of the data, so determinism can be tested in seconds."""
 
     target_steps: int = 900
-    draft_epochs: int = 4
+    draft_epochs: int = 6
     train_sequences: int = 768
     heldout_sequences: int = 64
     heldout_prompts: int = 24
@@ -171,10 +180,17 @@ def _build(out: Path, seed: int, size: BuildSize, log: Callable[[str], None],
             dt.draft.save(tmp / folder)
             draft = Eagle3Draft.load(tmp / folder)
             predicted = predicted_acceptance_length(dt.acc_k, NUM_DRAFT_TOKENS)
-            measured = _measure_acceptance(simulate, target, draft, recipe.boundaries, held_prompts,
-                                           size.continuation_len)
+            table, canary = _wiring_table(target, draft, recipe, held_prompts, size.continuation_len)
+            measured = table[SERVED]["acceptance_length"]
             log(f"  acc_k {[round(a, 3) for a in dt.acc_k]}; acceptance length predicted "
                 f"{predicted:.3f}, measured {measured:.3f} (k={NUM_DRAFT_TOKENS})")
+            for name, row in table.items():
+                if name != SERVED:
+                    log(f"    {name:18s} {row['boundaries']} -> {row['acceptance_length']:.3f} "
+                        f"({row['loss']:+.1%})")
+            log(f"  canary: prompts {list(canary['prompts'])} served {canary['served']:.3f}, best "
+                f"wrong {canary['best_wrong']:.3f} ({canary['best_wrong_wiring']}), threshold "
+                f"{canary['threshold']:.3f}")
             tensors.update(_pinned_draft_tensors(recipe, target, draft, pinned, feats, simulate,
                                                  size.continuation_len))
             drafts_meta[recipe.name] = {
@@ -185,6 +201,8 @@ def _build(out: Path, seed: int, size: BuildSize, log: Callable[[str], None],
                 "num_draft_tokens": NUM_DRAFT_TOKENS,
                 "predicted_acceptance_length": round(predicted, 6),
                 "measured_acceptance_length": round(measured, 6),
+                "wirings": table,
+                "canary": canary,
                 "draft_vocab_size": DRAFT_VOCAB_SIZE,
                 "norm_before_fc": cfg.norm_before_fc, "fc_norm": cfg.fc_norm,
             }
@@ -339,11 +357,24 @@ def _pinned_draft_tensors(recipe: DraftRecipe, target, draft: Eagle3Draft, pinne
     }
 
 
-def _measure_acceptance(simulate: Simulator, target, draft, boundaries, prompts,
-                        continuation_len: int) -> float:
-    accepted = rounds = 0
-    for p in prompts:
-        _, trace = simulate(target, draft, p, boundaries, NUM_DRAFT_TOKENS, continuation_len)
-        accepted += sum(trace)
-        rounds += len(trace)
-    return 1.0 + accepted / rounds
+def _wiring_table(target, draft: Eagle3Draft, recipe: DraftRecipe, prompts, continuation_len: int,
+                  ) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
+    """Held-out acceptance served as trained and under every wrong wiring of
+    `harness.golden.wirings` (loss: relative drop of the mean acceptance length), and the
+    canary chosen from the same per-prompt traces."""
+    cfg = draft.cfg
+    traces: dict[str, list[list[int]]] = {}
+    table: dict[str, dict[str, Any]] = {}
+    for w in wirings(recipe.boundaries, target.config.num_hidden_layers, cfg.num_aux * cfg.target_hidden_size,
+                     cfg.hidden_size):
+        traces[w.name] = per_prompt_acceptance(target, draft, w, prompts, NUM_DRAFT_TOKENS, continuation_len)
+        table[w.name] = {"boundaries": list(w.boundaries), "what": w.what,
+                         "acceptance_length": round(mean_acceptance_length(traces[w.name]), 6)}
+    served = table[SERVED]["acceptance_length"]
+    for row in table.values():
+        row["loss"] = round(1 - row["acceptance_length"] / served, 6)
+    c = choose_canary(traces, min(CANARY_PROMPTS, len(prompts)), CANARY_FRACTION)
+    canary = {"prompts": list(c.prompts), "served": round(c.served, 6), "best_wrong": round(c.best_wrong, 6),
+              "best_wrong_wiring": c.best_wrong_wiring, "fraction": CANARY_FRACTION,
+              "threshold": round(c.threshold, 6)}
+    return table, canary
