@@ -382,7 +382,7 @@ def assert_canary_accepts(measured: float, canary: dict, *, engine_name: str, dr
                           prompts: Sequence[Sequence[int]]) -> None:
     """The canary: served on the bundle's canary prompts, the engine's mean acceptance length
     (its own counters, nothing else) reaches the line the bundle drew between serving as
-    trained and the best wrong wiring it measured there (`harness.tolerances.REASONS["canary"]`)."""
+    trained and the best wrong wiring it measured there (`harness.tolerances.CANARY_REASON`)."""
     line = float(canary["threshold"])
     if measured >= line:
         return

@@ -57,6 +57,15 @@ TOLERANCES: dict[str, Tolerance] = {
 # and the acceptance served as trained (`harness.golden.wirings.choose_canary`; reason below).
 CANARY_FRACTION = 0.5
 
+CANARY_REASON = (
+    "the canary judges an engine by acceptance counters alone, so its line is drawn between "
+    "two measurements the bundle makes itself on the canary prompts: the acceptance served "
+    "as trained and the highest acceptance any wrong wiring reaches there (manifest "
+    "drafts.<name>.wirings and .canary). Half-way (CANARY_FRACTION = 0.5) leaves a correct "
+    "engine and the least harmful wrong wiring the same room: precision noise that costs a "
+    "correct engine less than half the gap cannot fail it, and a wrong wiring would have to "
+    "gain half the gap back to pass (README: the wiring table and each draft's canary)")
+
 # The dtypes an engine may be run in: exactly those with derived bounds.
 DTYPES: tuple[str, ...] = tuple(TOLERANCES)
 
@@ -98,14 +107,6 @@ REASONS: dict[str, str] = {
         "fp32 engines recompute the same greedy trace (only summation order differs). Reduced "
         "precision flips near-ties in target and draft, which moves a few rounds: the bound "
         "adds noise_factor times the same-dtype reference's own gap to the golden trace"),
-    "canary": (
-        "the canary judges an engine by acceptance counters alone, so its line is drawn between "
-        "two measurements the bundle makes itself on the canary prompts: the acceptance served "
-        "as trained and the highest acceptance any wrong wiring reaches there (manifest "
-        "drafts.<name>.wirings and .canary). Half-way (CANARY_FRACTION = 0.5) leaves a correct "
-        "engine and the least harmful wrong wiring the same room: precision noise that costs a "
-        "correct engine less than half the gap cannot fail it, and a wrong wiring would have to "
-        "gain half the gap back to pass (README: the wiring table and each draft's canary)"),
     "prediction_margin": (
         "the prediction from training's per-step accuracy assumes independent steps, so it is "
         "an estimate, not a bound; reduced precision adds its near-tie flips on top"),
