@@ -267,6 +267,18 @@ def cmd_golden_verify(a: argparse.Namespace, extra: Sequence[str]) -> int:
     return 0
 
 
+def cmd_golden_wirings(a: argparse.Namespace, extra: Sequence[str]) -> int:
+    from harness.golden.wirings import wiring_table_markdown
+
+    bundle = _check_bundle(Path(a.path), ())
+    text = wiring_table_markdown(bundle.manifest)
+    if text.count("\n") < 2:
+        raise CliError(f"{a.path} records no wiring table (built before it existed); rebuild it "
+                       f"with `{PROG} golden build`")
+    print(text)
+    return 0
+
+
 def cmd_table(a: argparse.Namespace, extra: Sequence[str]) -> int:
     for p in a.reports:
         if not Path(p).is_file():
@@ -357,6 +369,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="also require the manifest digest pinned for the committed bundle "
                              "(detects a tampered bundle whose hashes were recomputed)")
     verify.set_defaults(func=cmd_golden_verify)
+    wir = gsub.add_parser("wirings", help="print a bundle's held-out acceptance per draft, served "
+                                          "as trained and under each wrong wiring (markdown)")
+    wir.add_argument("path")
+    wir.set_defaults(func=cmd_golden_wirings)
 
     doc = sub.add_parser("doctor", help="diagnose one target/draft pair on disk (no bundle)")
     doc.add_argument("--target", required=True, help="HF-format target folder")

@@ -257,9 +257,13 @@ def _crash_failure(item: pytest.Item, exc: BaseException) -> BaseException | Non
     draft = getattr(getattr(item, "callspec", None), "params", {}).get("draft_name")
     bundle = state.bundle()
     spec = bundle.draft(draft) if draft is not None else None
+    engine = getattr(item, "funcargs", {}).get("engine")
     return crash_failure(exc, layer_ids=spec.layer_ids if spec else (),
                          target_hidden=bundle.hidden_size, engine_name=state.engine_name,
-                         draft=draft or "<draft>")
+                         draft=draft or "<draft>",
+                         engine_convention=getattr(engine, "convention", None),
+                         training_boundaries=spec.boundaries if spec else None,
+                         num_layers=bundle.num_layers)
 
 
 def _crashes_fail(item: pytest.Item) -> Generator[None, Any, Any]:

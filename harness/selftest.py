@@ -24,6 +24,12 @@ def mutant_field(entry: Any, name: str, attr: str) -> str | None:
     return None if attr != "name" else name
 
 
+def _mutant_class_of(entry: Any) -> Any:
+    from harness.registry import _mutant_class
+
+    return _mutant_class(entry)
+
+
 def run_suite(engine: str, bundle: Path, out: Path, profile: str, extra: Sequence[str],
               run_flags: Sequence[str] = ()) -> int:
     """One suite run in a fresh interpreter: a mutant that crashes, leaks threads or poisons a
@@ -59,6 +65,8 @@ def score_mutant(name: str, entry: Any, code: int, report: dict[str, Any] | None
         result["error"] = f"the run ended with exit code {code} and no report; see run.log"
         return result
     diags = report.get("diagnoses", [])
+    by_draft = getattr(_mutant_class_of(entry), "expected_kind_by_draft", None) or {}
+    right = [d.get("kind") == by_draft.get(d.get("draft"), expected) for d in diags]
     match = next((d for d in diags if d.get("kind") == expected), None)
     failed = [c["id"] for c in report["checks"] if c["status"] in ("failed", "error", "xfail")]
     # a check must have failed: a mutant that merely could not run is not caught; a mutant
@@ -68,11 +76,11 @@ def score_mutant(name: str, entry: Any, code: int, report: dict[str, Any] | None
         caught=report["summary"]["verdict"] == "nonconformant"
         and any(caught_by is None or c.startswith(caught_by) for c in failed),
         caught_by=caught_by,
-        diagnosis_correct=bool(diags) and all(d.get("kind") == expected for d in diags),
+        diagnosis_correct=bool(diags) and all(right),
         failed_checks=failed,
         diagnosis_kinds=sorted({str(d.get("kind")) for d in diags}),
         # how much of the evidence names the bug: 1.0 when no check blamed anything else
-        diagnosis_share=round(sum(d.get("kind") == expected for d in diags) / len(diags), 3)
+        diagnosis_share=round(sum(right) / len(diags), 3)
         if diags else 0.0,
         diagnosis=(match or (diags[0] if diags else {})).get("message"))
     return result

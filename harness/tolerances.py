@@ -53,6 +53,19 @@ TOLERANCES: dict[str, Tolerance] = {
                          near_tie=1e-3, trace=0.02, prediction_margin=0.20),
 }
 
+# Where the canary's line sits between the best wrong wiring's acceptance on the canary prompts
+# and the acceptance served as trained (`harness.golden.wirings.choose_canary`; reason below).
+CANARY_FRACTION = 0.5
+
+CANARY_REASON = (
+    "the canary judges an engine by acceptance counters alone, so its line is drawn between "
+    "two measurements the bundle makes itself on the canary prompts: the acceptance served "
+    "as trained and the highest acceptance any wrong wiring reaches there (manifest "
+    "drafts.<name>.wirings and .canary). Half-way (CANARY_FRACTION = 0.5) leaves a correct "
+    "engine and the least harmful wrong wiring the same room: precision noise that costs a "
+    "correct engine less than half the gap cannot fail it, and a wrong wiring would have to "
+    "gain half the gap back to pass (README: the wiring table and each draft's canary)")
+
 # The dtypes an engine may be run in: exactly those with derived bounds.
 DTYPES: tuple[str, ...] = tuple(TOLERANCES)
 

@@ -274,6 +274,17 @@ def test_crash_diagnosis_reads_the_fc_width_error(fed: int, ids: list[int], kind
     assert d.details == {"fed_slots": fed, "fc_slots": len(ids)}
 
 
+@pytest.mark.parametrize("convention, fix", [("vllm", None), ("eagle3-original", [0, 4, 6])])
+def test_crash_on_a_dropped_embedding_names_the_fix_only_where_the_rule_can_feed_it(
+        convention: str, fix: list[int] | None) -> None:
+    """-1 dropped by a b = id engine: where its rule captures boundary 0 (id 0), those ids fix
+    it; vLLM's deepseek path cannot capture boundary 0 at all, so no id list is offered."""
+    d = crash_diagnosis(_fc_error(2, 3), [-1, 3, 5], target_hidden=16, engine_convention=convention,
+                        training_boundaries=[0, 4, 6], num_layers=8)
+    assert d.kind == "embedding_missing" and d.suggested_layer_ids == fix
+    assert (f"ids {fix}" in d.message) if fix else "cannot express it" in d.message
+
+
 def test_crash_diagnosis_of_an_unrelated_error() -> None:
     d = crash_diagnosis("CUDA out of memory\nmore", [1, 3, 4], target_hidden=16)
     assert d.kind == "engine_crash" and d.message == "the engine failed serving this draft: CUDA out of memory"

@@ -1,13 +1,12 @@
 """The reduced-precision judgement never cries wolf on the control and never goes blind to a
 wiring bug.
 
-The pinned prompts are false alarms of the previous judgement (a fixed per-token bound of
-5e-2 with a routing-margin excuse and a 3% outlier budget), found by judging the bf16
-reference engine on the CPU on drawn prompts (benchmarks/false_alarms.py's mix): each holds a
-token whose bf16 error is far beyond any fixed bound (up to 0.5), and the old judgement
-diagnosed a correct engine "capture skipped". [18] is the H200's routing near-tie (layer-1
-margin 1.7e-3, bf16 routes it to another expert on CUDA and CPU alike), and [18, 3] carries
-that flip to the next token through attention.
+The pinned prompts are hard cases for any fixed per-token bound: each holds a token whose bf16
+error on the CPU is beyond 5e-2 (up to 0.33 here), found on the committed bundle by drawing
+random prompts and judging the bf16 reference against fp32 (the previous bundle's hard cases,
+found by benchmarks/false_alarms.py against the previous judgement, are no longer hard on the
+rebuilt target). [239] carries its bf16 error at token 0 from boundary 2 on (a layer-1
+divergence, the kind a routing near-tie makes), and [239, 505] carries it into the next token.
 """
 
 from __future__ import annotations
@@ -34,13 +33,14 @@ from harness.paths import default_bundle_path
 from harness.tolerances import tolerance_for
 
 FALSE_ALARMS = [
-    ("specforge-default", [18]),
-    ("specforge-default", [18, 3]),
-    ("embed-first", [0, 485, 44]),
-    ("embed-first", [50, 141, 462, 130, 199, 207, 333, 231, 224, 491, 162, 437, 419, 449]),
-    ("final-aux", [157, 67, 431, 485, 25, 502, 470, 250, 164, 30, 314, 477, 328]),
-    ("final-aux", [176, 218, 103, 185, 166, 50, 372, 190, 12, 176, 286, 237, 228, 363, 12, 199,
-                   172, 267, 322, 154, 265, 494, 35, 60, 507, 473]),
+    ("specforge-default", [239]),
+    ("specforge-default", [239, 505]),
+    ("embed-first", [342, 486, 232, 28, 281]),
+    ("embed-first", [314, 210, 219, 293, 260, 307, 172, 427]),
+    ("final-aux", [263, 348, 450, 260, 367, 330, 237, 204, 141, 77, 323, 405, 67, 193, 356, 506, 439,
+                   418, 236, 287, 469, 399, 212]),
+    ("final-aux", [473, 183, 49, 251, 113, 296, 440, 299, 495, 62, 263, 451, 332, 137, 12, 54, 212, 370,
+                   67, 325, 339, 159]),
 ]
 LONG = 24  # tokens of the prompt the synthetic wiring bugs are built on
 
@@ -120,7 +120,7 @@ def test_a_slot_drifting_beyond_the_noise_floor_fails() -> None:
 def test_precision_ambiguity_is_reported_as_ambiguous_not_as_a_bug() -> None:
     """A token where the same-dtype reference is itself no nearer its boundary than zero is one
     precision cannot decide: ambiguous, whatever the engine holds there, unless zeros."""
-    g = _oracle().features([18, 3])
+    g = _oracle().features([239, 505])
     x = g.boundaries[5] + 2 * g.boundaries[5].norm(dim=-1, keepdim=True) * torch.randn_like(g.boundaries[5]) / 11
     undecided = g.boundaries[5] * -0.5  # relative error 1.5: the reference rounded to nothing
     tc = classify_tokens(x, g, 5, undecided, noise_factor=2, separation=2, floor=1e-3)
@@ -134,18 +134,18 @@ def test_precision_ambiguity_is_reported_as_ambiguous_not_as_a_bug() -> None:
 
 def test_the_noise_floor_is_the_same_dtype_reference() -> None:
     o = _oracle()
-    p = [18, 3]
+    p = [239, 505]
     assert o.reference_features(p, "float32", "cpu") is o.features(p)
     low = o.reference_features(p, "bfloat16", "cpu")
     err = (low.boundaries - o.features(p).boundaries).norm(dim=-1) / o.features(p).boundaries.norm(dim=-1)
-    # computed, not assumed: the embedding only rounds to bf16, and the routing flip of [18]
-    # at layer 1 is in the floor from boundary 2 on (which is why [18] passes)
+    # computed, not assumed: the embedding only rounds to bf16, and the layer-1 divergence of
+    # [239] is in the floor from boundary 2 on (which is why [239] passes)
     assert 0 < float(err[0].max()) <= tolerance_for("bfloat16").unit
     assert float(err[2:, 0].min()) > tolerance_for("bfloat16").rtol
 
 
 def test_missing_noise_floor_is_a_clear_error() -> None:
-    prompt = [18]
+    prompt = [239]
     o = _oracle()
     with pytest.raises(ValueError, match=r"needs the bfloat16 reference's features"):
         assert_capture_matches(features=_bf16(prompt, [2, 4, 5]), golden=[o.features(prompt)],

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import pytest
 import torch
@@ -63,11 +63,12 @@ def fail(message: str, *, draft: str, engine_name: str | None = None,
 
 
 def crash_failure(crash: BaseException, *, layer_ids: Sequence[int], target_hidden: int,
-                  engine_name: str, draft: str) -> ConformanceFailure:
+                  engine_name: str, draft: str, **context: Any) -> ConformanceFailure:
     """An engine that crashed serving the draft failed the check; the crash is diagnosed from
-    its message with the draft's own ids (harness.diagnosis.crash)."""
+    its message with the draft's own ids (harness.diagnosis.crash; `context`: the engine's
+    declared convention, the training boundaries and the layer count, where known)."""
     return failure(str(crash), draft=draft, engine_name=engine_name,
-                   diagnoses=[crash_diagnosis(str(crash), layer_ids, target_hidden)])
+                   diagnoses=[crash_diagnosis(str(crash), layer_ids, target_hidden, **context)])
 
 
 def worst_tokens(features: Sequence[torch.Tensor], golden: Sequence[torch.Tensor],

@@ -9,17 +9,38 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
+from harness.boundaries import Convention, LayerIdError, boundaries_to_ids, get_convention
 from harness.diagnosis.record import Diagnosis
 
 _SHAPES = re.compile(r"mat1 and mat2 shapes cannot be multiplied \((\d+)x(\d+) and (\d+)x(\d+)\)")
 
 
-def crash_diagnosis(message: str, config_ids: Sequence[int], target_hidden: int) -> Diagnosis:
+def _embedding_ids(engine_convention: str | Convention | None, training_boundaries: Sequence[int] | None,
+                   num_layers: int | None) -> tuple[int, ...] | None:
+    """The ids with which the engine's declared rule captures the training boundaries, where
+    that rule can capture the embedding at all; None where it cannot or is not known."""
+    if engine_convention is None or training_boundaries is None or num_layers is None:
+        return None
+    conv = get_convention(engine_convention)
+    if not conv.capture_embedding:
+        return None
+    try:
+        return boundaries_to_ids(training_boundaries, conv, num_layers)
+    except LayerIdError:
+        return None
+
+
+def crash_diagnosis(message: str, config_ids: Sequence[int], target_hidden: int, *,
+                    engine_convention: str | Convention | None = None,
+                    training_boundaries: Sequence[int] | None = None,
+                    num_layers: int | None = None) -> Diagnosis:
     """An engine that fails on a draft is nonconformant too; name why where the error shows it.
 
     A matmul shape error whose fed width is a multiple of the target hidden size smaller than
     fc's input means aux slots went missing: an id matched no layer (a negative id, e.g. the
-    "-1 = embedding" style, in an engine that has no such id)."""
+    "-1 = embedding" style, in an engine that has no such id). Where the engine declares a
+    rule that can capture the embedding (`engine_convention`, with the draft's training
+    boundaries), the ids that feed it under that rule are the fix; else no id list is."""
     m = _SHAPES.search(message)
     first = message.strip().splitlines()[0] if message.strip() else "engine failure"
     if m and int(m.group(2)) % target_hidden == 0 and int(m.group(3)) % target_hidden == 0:
@@ -29,11 +50,16 @@ def crash_diagnosis(message: str, config_ids: Sequence[int], target_hidden: int)
             kind = "embedding_missing" if dropped else "engine_crash"
             why = (f"ids {dropped} match no layer in this engine, so their slots are dropped"
                    if dropped else "some ids match no captured layer")
+            fix = _embedding_ids(engine_convention, training_boundaries, num_layers) if dropped else None
+            remedy = (f"this engine's rule ({get_convention(engine_convention).name}) captures it "
+                      f"with ids {list(fix)}: set the draft's ids to {list(fix)} for this engine"
+                      if fix is not None else "this engine cannot express it with these ids")
             return Diagnosis(kind=kind, message=(
                 f"the engine fed fc {fed} aux states where the draft's fc takes {want} ({why}) and "
-                f"crashed: {first}. Training fed the embedding output there; this engine cannot "
-                f"express it with these ids."), engine_boundaries=[], training_boundaries=[],
-                suggested_layer_ids=None, details={"fed_slots": fed, "fc_slots": want})
+                f"crashed: {first}. Training fed the embedding output there; {remedy}."),
+                engine_boundaries=[], training_boundaries=list(training_boundaries or []),
+                suggested_layer_ids=list(fix) if fix is not None else None,
+                details={"fed_slots": fed, "fc_slots": want})
         if fed > want:
             return Diagnosis(kind="ids_ignored", message=(
                 f"the engine fed fc {fed} aux states where the draft's fc takes {want} and crashed: "

@@ -10,7 +10,8 @@ the training convention of the draft's layer ids, and the `Engine` protocol.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -24,7 +25,9 @@ from harness.engines.base import (
     DecodeInputs,
     DraftFeed,
     Engine,
+    EngineCrash,
     EngineOptions,
+    EngineUnavailable,
     Generation,
 )
 from harness.engines.speculative import Eagle3Runtime
@@ -49,6 +52,20 @@ def default_training_convention(layer_ids: Sequence[int]) -> str:
     """SpecForge's convention unless the ids name the embedding as -1, which SpecForge
     rejects and the "-1 = embedding" pipelines use; both read id k >= 0 as boundary k+1."""
     return "embedding-minus-one" if -1 in layer_ids else "specforge"
+
+
+@contextmanager
+def _failures_as_crashes() -> Iterator[None]:
+    """An error of the in-process runtime serving the draft (torch's shape error where fc gets
+    fewer slots than it was built for) is an engine crash, as it is out of process: raised as
+    EngineCrash, the suite diagnoses it from its text like any engine's, instead of failing
+    the check with a bare RuntimeError and no diagnosis."""
+    try:
+        yield
+    except (EngineCrash, EngineUnavailable):
+        raise
+    except RuntimeError as e:
+        raise EngineCrash(f"{type(e).__name__}: {e}") from e
 
 
 class ReferenceEngine(Eagle3Runtime, Engine):
@@ -92,17 +109,23 @@ class ReferenceEngine(Eagle3Runtime, Engine):
     def capture(self, prompts: Sequence[Sequence[int]]) -> Capture:
         features: list[torch.Tensor] = []
         fc_out: list[torch.Tensor] = []
-        for start in range(0, len(prompts), self.capture_batch_size):
-            f, o = self.capture_prompts(prompts[start:start + self.capture_batch_size],
-                                        self.padding_side)
-            features.extend(f)
-            fc_out.extend(o)
+        with _failures_as_crashes():
+            for start in range(0, len(prompts), self.capture_batch_size):
+                f, o = self.capture_prompts(prompts[start:start + self.capture_batch_size],
+                                            self.padding_side)
+                features.extend(f)
+                fc_out.extend(o)
         return Capture(features=features, fc_out=fc_out)
 
     def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int,
                  speculative: bool) -> Generation:
         """Prompt by prompt (batch-invariant by construction); speculative runs report
         vLLM-style acceptance, per prompt too, with the per-round traces."""
+        with _failures_as_crashes():
+            return self._generate(prompts, max_new_tokens, speculative)
+
+    def _generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int,
+                  speculative: bool) -> Generation:
         if not speculative:
             return Generation(tokens=[self.greedy(p, max_new_tokens) for p in prompts])
         k, topk = self.options.num_draft_tokens, self.options.tree_topk
@@ -122,7 +145,8 @@ class ReferenceEngine(Eagle3Runtime, Engine):
         for prompt in prompts:
             self.feeds = []
             try:
-                tokens.append(self.speculative(prompt, max_new_tokens, k, topk).tokens)
+                with _failures_as_crashes():
+                    tokens.append(self.speculative(prompt, max_new_tokens, k, topk).tokens)
                 feeds.append(self.feeds)
             finally:
                 self.feeds = None

@@ -40,6 +40,9 @@ class Mutant(ReferenceEngine):
     name: ClassVar[str]
     bug_class: ClassVar[str]  # one line, as selftest.json prints it
     expected_diagnosis_kind: ClassVar[str]  # a key of harness.diagnosis.record.KINDS
+    # bundle drafts on which the same bug has another root cause, and its kind (the selftest
+    # expects that kind of the diagnoses of those drafts' checks)
+    expected_kind_by_draft: ClassVar[dict[str, str]] = {}
     hook: ClassVar[str]  # the one Eagle3Runtime hook the mutant overrides
     issue: ClassVar[str]  # the public report(s) of the bug, also cited in the docstring
     # A check-id prefix: the selftest counts the mutant caught only if a check it names failed
@@ -122,14 +125,19 @@ class VllmIdsUnshifted(Mutant):
     name = "zoo:vllm_ids_unshifted"
     bug_class = "ids used without the training convention's shift (vLLM: b = id)"
     expected_diagnosis_kind = "offset"
+    # embed-first's -1 (training's embedding) matches no layer under b = id: that slot is
+    # dropped and fc crashes on the width, the embedding missing (id 0 would feed it)
+    expected_kind_by_draft: ClassVar[dict[str, str]] = {"embed-first": "embedding_missing"}
     hook = "capture_boundaries"
     issue = "vllm-project/vllm#43671"
     # vLLM's rule without its sorting, declared as such: the layer-id checks then hold the
     # mutant to b = id in config order and find it true to its claim, so its one bug shows
     # where a SpecForge draft is served (offset -1), worded with the ids that fix it
     convention: ClassVar[Convention] = replace(
-        get_convention("vllm"), name="vllm-unsorted", sorts_ids=False,
-        description="vLLM 0.32's b = id (zoo:vllm_ids_unshifted), slots kept in config order")
+        get_convention("vllm"), name="vllm-unsorted", sorts_ids=False, capture_embedding=True,
+        no_embedding_reason="",
+        description="vLLM 0.32's b = id (zoo:vllm_ids_unshifted), slots kept in config order, "
+                    "boundary 0 captured for id 0 (vLLM's crash there is not this mutant's bug)")
 
     def capture_boundaries(self) -> Sequence[int]:
         return [i for i in self.layer_ids if i >= 0]

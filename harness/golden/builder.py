@@ -35,12 +35,21 @@ from harness.golden.training import (
     ttt_forward,
     vocab_mapping,
 )
+from harness.golden.wirings import (
+    SERVED,
+    choose_canary,
+    mean_acceptance_length,
+    per_prompt_acceptance,
+    wirings,
+)
 from harness.models.draft import DraftConfig, Eagle3Draft
 from harness.models.target import load_target
+from harness.tolerances import CANARY_FRACTION
 
 NUM_DRAFT_TOKENS = 4
 DRAFT_VOCAB_SIZE = 160
 PINNED_MAX_LEN = 32
+CANARY_PROMPTS = 6  # held-out prompts the canary serves (of BuildSize.heldout_prompts)
 CONTINUATION_LEN = 32
 REGEN_PROMPT_LEN = 16
 
@@ -50,8 +59,14 @@ class BuildSize:
     """How much work a build does. `full` is the committed bundle; `smoke` runs every stage
     of the same code on a sliver of the data, so determinism can be tested in seconds."""
 
-    target_steps: int = 900
-    draft_epochs: int = 4
+    # 600 steps with the decorrelation penalty at weight 1.0 from the first step: the recipe
+    # docs/bundle_levers.md measured (a one-boundary shift costs 38-47% of acceptance). Not 900:
+    # at 900 steps (a longer cosine schedule) the same penalty stalls the LM loss at 4.77 for
+    # good, and ramping the penalty in over 300 steps leaves the boundaries correlated (mean
+    # cos^2 0.43) — measured, see docs/bundle_levers.md
+    target_steps: int = 600
+    target_decorrelation: float = 1.0
+    draft_epochs: int = 6
     train_sequences: int = 768
     heldout_sequences: int = 64
     heldout_prompts: int = 24
@@ -131,11 +146,11 @@ def _build(out: Path, seed: int, size: BuildSize, log: Callable[[str], None],
     lang = make_language(seed)
     if target_from is not None:
         log(f"reusing the target trained in {target_from}")
-        tt = _reuse_target(Path(target_from), seed, target_steps)
+        tt = _reuse_target(Path(target_from), seed, target_steps, size.target_decorrelation)
         tt_threads = json.loads((Path(target_from) / "training.json").read_text()).get("threads", threads)
     else:
         log(f"training target ({target_steps} steps)")
-        tt = train_target(lang, seed, steps=target_steps)
+        tt = train_target(lang, seed, steps=target_steps, decorrelate=size.target_decorrelation)
         tt_threads = threads
     log(f"target: final loss {tt.final_loss:.4f}, held-out next-token accuracy {tt.heldout_accuracy:.4f}")
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -143,7 +158,8 @@ def _build(out: Path, seed: int, size: BuildSize, log: Callable[[str], None],
     try:
         tt.model.save_pretrained(str(tmp / "target"), safe_serialization=True)
         (tmp / "target" / "training.json").write_text(json.dumps(
-            {"seed": seed, "steps": target_steps, "threads": tt_threads, "final_train_loss": tt.final_loss,
+            {"seed": seed, "steps": target_steps, "decorrelation": size.target_decorrelation,
+             "threads": tt_threads, "final_train_loss": tt.final_loss,
              "heldout_next_token_accuracy": tt.heldout_accuracy}, indent=2) + "\n")
         target = load_target(tmp / "target")
         num_layers = target.config.num_hidden_layers
@@ -171,10 +187,17 @@ def _build(out: Path, seed: int, size: BuildSize, log: Callable[[str], None],
             dt.draft.save(tmp / folder)
             draft = Eagle3Draft.load(tmp / folder)
             predicted = predicted_acceptance_length(dt.acc_k, NUM_DRAFT_TOKENS)
-            measured = _measure_acceptance(simulate, target, draft, recipe.boundaries, held_prompts,
-                                           size.continuation_len)
+            table, canary = _wiring_table(target, draft, recipe, held_prompts, size.continuation_len)
+            measured = table[SERVED]["acceptance_length"]
             log(f"  acc_k {[round(a, 3) for a in dt.acc_k]}; acceptance length predicted "
                 f"{predicted:.3f}, measured {measured:.3f} (k={NUM_DRAFT_TOKENS})")
+            for name, row in table.items():
+                if name != SERVED:
+                    log(f"    {name:18s} {row['boundaries']} -> {row['acceptance_length']:.3f} "
+                        f"({row['loss']:+.1%})")
+            log(f"  canary: prompts {list(canary['prompts'])} served {canary['served']:.3f}, best "
+                f"wrong {canary['best_wrong']:.3f} ({canary['best_wrong_wiring']}), threshold "
+                f"{canary['threshold']:.3f}")
             tensors.update(_pinned_draft_tensors(recipe, target, draft, pinned, feats, simulate,
                                                  size.continuation_len))
             drafts_meta[recipe.name] = {
@@ -185,6 +208,8 @@ def _build(out: Path, seed: int, size: BuildSize, log: Callable[[str], None],
                 "num_draft_tokens": NUM_DRAFT_TOKENS,
                 "predicted_acceptance_length": round(predicted, 6),
                 "measured_acceptance_length": round(measured, 6),
+                "wirings": table,
+                "canary": canary,
                 "draft_vocab_size": DRAFT_VOCAB_SIZE,
                 "norm_before_fc": cfg.norm_before_fc, "fc_norm": cfg.fc_norm,
             }
@@ -200,6 +225,7 @@ def _build(out: Path, seed: int, size: BuildSize, log: Callable[[str], None],
                 "folder": "target", "architecture": "DeepseekV3ForCausalLM",
                 "num_layers": num_layers, "hidden_size": hidden, "vocab_size": lang.vocab_size,
                 "train_steps": target_steps, "final_train_loss": round(tt.final_loss, 6),
+                "decorrelation_penalty": size.target_decorrelation,
                 "heldout_next_token_accuracy": round(tt.heldout_accuracy, 6),
             },
             "drafts": drafts_meta,
@@ -262,11 +288,13 @@ def out_problem(out: Path) -> str | None:
     return None
 
 
-def _reuse_target(folder: Path, seed: int, steps: int) -> TargetTraining:
+def _reuse_target(folder: Path, seed: int, steps: int, decorrelation: float) -> TargetTraining:
     stats = json.loads((folder / "training.json").read_text())
-    if stats.get("seed") != seed or stats.get("steps") != steps:
-        raise ValueError(f"{folder} was trained with seed {stats.get('seed')} for "
-                         f"{stats.get('steps')} steps, not seed {seed} for {steps}; retrain")
+    got = (stats.get("seed"), stats.get("steps"), stats.get("decorrelation", 0.0))
+    if got != (seed, steps, decorrelation):
+        raise ValueError(f"{folder} was trained with seed {got[0]} for {got[1]} steps at "
+                         f"decorrelation {got[2]}, not seed {seed} for {steps} at {decorrelation}; "
+                         f"retrain")
     return TargetTraining(load_target(folder), float(stats["final_train_loss"]),
                           float(stats["heldout_next_token_accuracy"]))
 
@@ -339,11 +367,24 @@ def _pinned_draft_tensors(recipe: DraftRecipe, target, draft: Eagle3Draft, pinne
     }
 
 
-def _measure_acceptance(simulate: Simulator, target, draft, boundaries, prompts,
-                        continuation_len: int) -> float:
-    accepted = rounds = 0
-    for p in prompts:
-        _, trace = simulate(target, draft, p, boundaries, NUM_DRAFT_TOKENS, continuation_len)
-        accepted += sum(trace)
-        rounds += len(trace)
-    return 1.0 + accepted / rounds
+def _wiring_table(target, draft: Eagle3Draft, recipe: DraftRecipe, prompts, continuation_len: int,
+                  ) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
+    """Held-out acceptance served as trained and under every wrong wiring of
+    `harness.golden.wirings` (loss: relative drop of the mean acceptance length), and the
+    canary chosen from the same per-prompt traces."""
+    cfg = draft.cfg
+    traces: dict[str, list[list[int]]] = {}
+    table: dict[str, dict[str, Any]] = {}
+    for w in wirings(recipe.boundaries, target.config.num_hidden_layers, cfg.num_aux * cfg.target_hidden_size,
+                     cfg.hidden_size):
+        traces[w.name] = per_prompt_acceptance(target, draft, w, prompts, NUM_DRAFT_TOKENS, continuation_len)
+        table[w.name] = {"boundaries": list(w.boundaries), "what": w.what,
+                         "acceptance_length": round(mean_acceptance_length(traces[w.name]), 6)}
+    served = table[SERVED]["acceptance_length"]
+    for row in table.values():
+        row["loss"] = round(1 - row["acceptance_length"] / served, 6)
+    c = choose_canary(traces, min(CANARY_PROMPTS, len(prompts)), CANARY_FRACTION)
+    canary = {"prompts": list(c.prompts), "served": round(c.served, 6), "best_wrong": round(c.best_wrong, 6),
+              "best_wrong_wiring": c.best_wrong_wiring, "fraction": CANARY_FRACTION,
+              "threshold": round(c.threshold, 6)}
+    return table, canary

@@ -1,11 +1,25 @@
-"""A synthetic language with structure a tiny target can learn and a draft can predict.
+"""A synthetic language whose next token, at the hard places, needs what a deep target computes.
 
-Sentences are chains of multi-token "words" from a fixed lexicon. Words share leading
-tokens, so the current word is only known from context, and the next word depends on the
-previous two words (the current word and the class of the one before), so a draft that sees only the embedding does
-worse than one fed deep target features: wrong aux layers cost acceptance, as in real
-models. Token frequencies are Zipf-like so the frequency-built draft vocabulary misses
-some real tokens.
+Sentences are chains of multi-token "words" from a fixed lexicon, mixed with recall spans:
+
+- word chains: words share leading tokens (three words per first token), and the next word
+  depends on the current word AND the previous word (a full second-order table, W x W
+  contexts). Inside a word the next token is local (the easy, high-acceptance tokens); at a
+  word's start, and at its second token (which of the words sharing the first token it is),
+  it needs the identity of the last two words, which only a model that has segmented the
+  variable-length words and looked two words back knows. A one-layer draft cannot do that
+  over token embeddings (and cannot store a W x W table in its MLP); the target's deep
+  features can hand it over.
+- recall spans: after every RECALL_EVERY-th word id (a trigger word), the marker RECALL and
+  then a copy of the two words before the trigger (induction over a variable-length span:
+  where the copy starts is known only once the words are segmented).
+
+The old language's successor depended on the current word and the parity of the previous one
+(192 contexts): a draft learned the table from the embeddings and predicted ~0.97 of the
+target's greedy tokens at every TTT step whatever features it was fed (issue #10).
+
+Token frequencies are Zipf-like so the frequency-built draft vocabulary misses some real
+tokens.
 """
 
 from __future__ import annotations
@@ -15,13 +29,15 @@ from dataclasses import dataclass
 import torch
 
 BOS, EOS, PAD = 0, 1, 2
-FIRST_WORD_TOKEN = 3
+RECALL = 3
+FIRST_WORD_TOKEN = 4
+RECALL_EVERY = 8  # word ids divisible by this trigger a recall span
 
 
 @dataclass(frozen=True)
 class Language:
     words: list[list[int]]
-    successors: torch.Tensor  # [W, 2, branches] next-word ids given (current, class of previous)
+    successors: torch.Tensor  # [W, W, branches] next-word ids given (current, previous)
     probs: torch.Tensor  # [branches]
     vocab_size: int
 
@@ -39,21 +55,26 @@ def make_language(seed: int, vocab_size: int = 512, num_words: int = 96,
         body = torch.multinomial(weights, length, replacement=True, generator=g) + FIRST_WORD_TOKEN
         body[0] = prefixes[w % len(prefixes)] + FIRST_WORD_TOKEN  # shared first tokens
         words.append(body.tolist())
-    successors = torch.randint(0, num_words, (num_words, 2, branches), generator=g)
-    probs = torch.tensor([0.8, 0.15, 0.05][:branches], dtype=torch.float64)
+    successors = torch.randint(0, num_words, (num_words, num_words, branches), generator=g)
+    probs = torch.tensor([0.6, 0.25, 0.15][:branches], dtype=torch.float64)
     return Language(words, successors, probs / probs.sum(), vocab_size)
 
 
 def sample_sequence(lang: Language, length: int, g: torch.Generator) -> list[int]:
-    """BOS then words until `length` tokens (the last word may be cut)."""
+    """BOS then words (and recall spans) until `length` tokens (the last may be cut)."""
     num_words = len(lang.words)
     prev = int(torch.randint(0, num_words, (1,), generator=g))
     cur = int(torch.randint(0, num_words, (1,), generator=g))
     out = [BOS]
+    history: list[int] = []
     while len(out) < length:
         out.extend(lang.words[cur])
+        history.append(cur)
+        if cur % RECALL_EVERY == 0 and len(history) >= 3:
+            out.append(RECALL)
+            out.extend(lang.words[history[-3]] + lang.words[history[-2]])
         branch = int(torch.multinomial(lang.probs, 1, generator=g))
-        prev, cur = cur, int(lang.successors[cur, prev % 2, branch])
+        prev, cur = cur, int(lang.successors[cur, prev, branch])
     return out[:length]
 
 

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from harness.golden.corpus import PAD, Language, sample_batch
 from harness.golden.features import aux_features, target_features
 from harness.models.draft import DraftConfig, Eagle3Draft
-from harness.models.target import build_target, target_config_dict
+from harness.models.target import build_target, decoder_layers, target_config_dict
 
 TTT_STEPS = 7
 TTT_DECAY = 0.8
@@ -28,10 +28,44 @@ class TargetTraining:
     heldout_accuracy: float
 
 
-def train_target(lang: Language, seed: int, steps: int = 900, batch: int = 32,
-                 seq_len: int = 64, lr: float = 3e-3) -> TargetTraining:
+def _boundary_hooks(model: torch.nn.Module, store: list[torch.Tensor]) -> list:
+    """Record boundaries 1..N (inputs of layers 1..N-1, then the last layer's output) into
+    `store` on every forward: the states the decorrelation penalty reads."""
+    layers = decoder_layers(model)
+    hooks = [layers[k].register_forward_pre_hook(
+        lambda mod, args, kwargs: store.append(args[0] if args else kwargs["hidden_states"]),
+        with_kwargs=True) for k in range(1, len(layers))]
+    hooks.append(layers[-1].register_forward_hook(
+        lambda mod, args, out: store.append(out[0] if isinstance(out, tuple) else out)))
+    return hooks
+
+
+def decorrelation_penalty(states: Sequence[torch.Tensor]) -> torch.Tensor:
+    """Mean over adjacent boundary pairs (k, k+1), k >= 1, of the mean squared cosine between
+    the token-centred states: 0 when every layer rewrites the per-token part of the stream.
+
+    Why the golden target trains with it: in a small pre-norm residual stream h_{k+1} = h_k +
+    update_k with a small update, so adjacent boundaries are near-parallel (centred cosine
+    ~0.98 on a target trained without it) and a draft served one boundary off loses almost
+    nothing: acceptance could not tell a wrong wiring (docs/bundle_levers.md measures it).
+    Centred, because a component constant over tokens is only a bias to fc."""
+    total = torch.zeros(())
+    for a, b in zip(states[:-1], states[1:], strict=True):
+        a = a - a.mean((0, 1), keepdim=True)
+        b = b - b.mean((0, 1), keepdim=True)
+        total = total + F.cosine_similarity(a, b, dim=-1).pow(2).mean()
+    return total / (len(states) - 1)
+
+
+def train_target_model(model: torch.nn.Module, lang: Language, seed: int, steps: int = 900,
+                       batch: int = 32, seq_len: int = 64, lr: float = 3e-3,
+                       decorrelate: float = 0.0) -> tuple[float, float]:
+    """Train `model` on the language, plus `decorrelate` times the decorrelation penalty (a
+    training-time term only: the saved target stays a plain DeepseekV3ForCausalLM with the
+    same config and keys): (final LM loss, held-out next-token accuracy)."""
     g = torch.Generator().manual_seed(seed + 1)
-    model = build_target(target_config_dict(vocab_size=lang.vocab_size), seed)
+    store: list[torch.Tensor] = []
+    hooks = _boundary_hooks(model, store) if decorrelate else []
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     sched = torch.optim.lr_scheduler.LambdaLR(
@@ -39,19 +73,29 @@ def train_target(lang: Language, seed: int, steps: int = 900, batch: int = 32,
     losses: list[float] = []
     for _ in range(steps):
         x = sample_batch(lang, batch, seq_len, g)
+        store.clear()
         loss = model(input_ids=x, labels=x).loss
-        loss.backward()
+        total = loss + decorrelate * decorrelation_penalty(store) if decorrelate else loss
+        total.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         sched.step()
         opt.zero_grad(set_to_none=True)
         losses.append(loss.detach().item())
+    for h in hooks:
+        h.remove()
+    store.clear()
     model.eval()
     held = sample_batch(lang, 64, seq_len, torch.Generator().manual_seed(seed + 2))
     with torch.no_grad():
         pred = model(input_ids=held).logits[:, :-1].argmax(-1)
-    acc = float((pred == held[:, 1:]).float().mean())
-    return TargetTraining(model, sum(losses[-20:]) / 20, acc)
+    return sum(losses[-20:]) / 20, float((pred == held[:, 1:]).float().mean())
+
+
+def train_target(lang: Language, seed: int, steps: int = 900, decorrelate: float = 0.0) -> TargetTraining:
+    model = build_target(target_config_dict(vocab_size=lang.vocab_size), seed)
+    loss, acc = train_target_model(model, lang, seed, steps, decorrelate=decorrelate)
+    return TargetTraining(model, loss, acc)
 
 
 @torch.no_grad()

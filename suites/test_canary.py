@@ -1,0 +1,39 @@
+"""The canary: a wiring verdict from acceptance counters alone, for an engine reachable only
+through its public API (a server). In the spirit of SpecForge's train-to-serve gate (overfit
+one sample, serve it, require a whole draft block accepted): the bundle picked, per draft,
+the held-out prompts on which serving as trained beats every wrong wiring by most, measured
+both, and drew a line between them (manifest `drafts.<name>.canary`); the engine's counters
+must reach it. No capture hook, no trace: `Generation.acceptance` is all it reads."""
+
+from __future__ import annotations
+
+import pytest
+
+from harness.acceptance import heldout_prompts
+from harness.assertions import assert_canary_accepts, fail, require
+from harness.engines.base import Capability, Engine
+from harness.golden.oracle import Oracle
+
+
+def test_canary_acceptance(engine: Engine, oracle: Oracle, draft_name: str, report, generate) -> None:
+    require(engine, Capability.GENERATE)
+    spec = oracle.spec(draft_name)
+    canary = oracle.bundle.manifest["drafts"][draft_name].get("canary")
+    if canary is None:
+        pytest.skip(f"bundle {oracle.bundle.path} records no canary for {draft_name} (built before "
+                    f"the canary existed); rebuild it with `eagle3-conformance golden build`")
+    k = engine.options.num_draft_tokens
+    if k != spec.num_draft_tokens:
+        pytest.skip(f"the canary line is measured at k={spec.num_draft_tokens} draft tokens, the "
+                    f"engine runs k={k}")
+    held = heldout_prompts(oracle)
+    prompts = [held[i] for i in canary["prompts"]]
+    new_tokens = int(oracle.bundle.manifest["heldout"]["max_new_tokens"])
+    gen = generate(engine, prompts, new_tokens, True)
+    if gen.acceptance is None or gen.acceptance.num_drafts == 0:
+        fail(f"{engine.name} reported no speculative rounds: speculation did not run",
+             draft=draft_name, engine_name=engine.name, prompts=prompts)
+    measured = gen.acceptance.mean_acceptance_length
+    report.metric(draft_name, "canary_acceptance_length", round(measured, 4))
+    report.metric(draft_name, "canary_threshold", canary["threshold"])
+    assert_canary_accepts(measured, canary, engine_name=engine.name, draft=draft_name, prompts=prompts)

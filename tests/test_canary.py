@@ -1,0 +1,144 @@
+"""The canary (suites/test_canary.py) judges wiring from acceptance counters alone, so it must
+pass the reference engine on every bundle draft and fail every zoo mutant that changes which
+states the draft sees (or how fc reads them) on every draft the mutant touches, through
+`Generation.acceptance` and nothing else. Also: the wrong-wiring table behind the canary's
+line is what the reference runtime measures (one row per draft recomputed here)."""
+
+from __future__ import annotations
+
+from functools import cache
+from typing import Any
+
+import pytest
+import torch
+
+from harness.assertions import ConformanceFailure, assert_canary_accepts
+from harness.engines.base import EngineOptions
+from harness.engines.reference import ReferenceEngine
+from harness.engines.zoo import MUTANTS
+from harness.golden.bundle import BundleError, load_bundle
+from harness.golden.wirings import (
+    SERVED,
+    choose_canary,
+    mean_acceptance_length,
+    per_prompt_acceptance,
+    wirings,
+)
+from harness.models.draft import Eagle3Draft
+from harness.models.target import load_target
+from harness.paths import default_bundle_path
+
+# the hooks through which a mutant changes what the draft is fed: the slots' boundaries, the
+# state in a slot, their concatenation, fc (hangs are the timeout layer's, not the canary's)
+STATE_HOOKS = ("capture_boundaries", "take_state", "combine", "project")
+STATE_MUTANTS = sorted(k for k, c in MUTANTS.items()
+                       if c.hook in STATE_HOOKS and not c.caught_by and k != "capture_hangs")
+
+
+@cache
+def _bundle() -> Any:
+    try:
+        b = load_bundle(default_bundle_path(), verify_hashes=False)
+    except BundleError as e:
+        pytest.skip(f"committed bundle unavailable: {e}")
+    if not all("canary" in d for d in b.manifest["drafts"].values()):
+        pytest.fail("the committed bundle records no canary; rebuild it with `golden build`")
+    return b
+
+
+def _canary_prompts(draft: str) -> list[list[int]]:
+    held = _bundle().tensors["heldout.ids"].tolist()
+    return [held[i] for i in _bundle().manifest["drafts"][draft]["canary"]["prompts"]]
+
+
+@cache
+def _served(cls: type[ReferenceEngine], draft: str) -> tuple[float | None, Any, Any]:
+    """(canary acceptance length or None if the engine crashed, capture features, fc out)."""
+    b = _bundle()
+    spec = b.draft(draft)
+    engine = cls(b.target_dir, b.draft_dir(draft),
+                 EngineOptions(num_draft_tokens=spec.num_draft_tokens, training_convention=spec.convention))
+    try:
+        cap = engine.capture(_canary_prompts(draft)[:2])
+        gen = engine.generate(_canary_prompts(draft), int(b.manifest["heldout"]["max_new_tokens"]), True)
+    except RuntimeError:
+        return None, None, None  # crashes where the real engine crashes: other checks report it
+    finally:
+        engine.close()
+    assert gen.acceptance is not None
+    return gen.acceptance.mean_acceptance_length, cap.features, cap.fc_out
+
+
+def _sees_other_states(key: str, draft: str) -> bool:
+    _, ref_f, ref_fc = _served(ReferenceEngine, draft)
+    _, f, fc = _served(MUTANTS[key], draft)
+    return not all(x.shape == y.shape and torch.allclose(x, y, rtol=1e-4, atol=1e-5)
+                   for x, y in zip(f + fc, ref_f + ref_fc, strict=True))
+
+
+def _judge(measured: float, draft: str) -> bool:
+    try:
+        assert_canary_accepts(measured, _bundle().manifest["drafts"][draft]["canary"],
+                              engine_name="test", draft=draft, prompts=_canary_prompts(draft))
+    except ConformanceFailure:
+        return False
+    return True
+
+
+@pytest.mark.parametrize("draft", ["specforge-default", "embed-first", "single-aux", "final-aux"])
+def test_reference_passes_the_canary(draft: str) -> None:
+    measured, _, _ = _served(ReferenceEngine, draft)
+    assert measured is not None and _judge(measured, draft), \
+        (draft, measured, _bundle().manifest["drafts"][draft]["canary"])
+
+
+@pytest.mark.parametrize("key", STATE_MUTANTS)
+def test_state_mutant_fails_the_canary_where_it_bites(key: str) -> None:
+    touched = [d for d in _bundle().draft_names
+               if _served(MUTANTS[key], d)[0] is not None and _sees_other_states(key, d)]
+    crashed = [d for d in _bundle().draft_names if _served(MUTANTS[key], d)[0] is None]
+    assert touched or crashed, f"{key} changes nothing the canary could see on any draft"
+    passed = {d: round(_served(MUTANTS[key], d)[0], 3) for d in touched
+              if _judge(_served(MUTANTS[key], d)[0], d)}
+    assert not passed, f"{key} passes the canary on {passed} (lines: " + ", ".join(
+        f"{d} {_bundle().manifest['drafts'][d]['canary']['threshold']}" for d in passed) + ")"
+
+
+@pytest.mark.parametrize("draft", ["specforge-default", "embed-first", "single-aux", "final-aux"])
+def test_wiring_table_is_what_the_reference_runtime_measures(draft: str) -> None:
+    """The served row and the first wrong row of the manifest, recomputed (the builder's
+    numbers are measurements, not typed in)."""
+    b = _bundle()
+    rows = b.manifest["drafts"][draft]["wirings"]
+    target = load_target(b.target_dir)
+    model = Eagle3Draft.load(b.draft_dir(draft))
+    held = b.tensors["heldout.ids"].tolist()
+    n = int(b.manifest["heldout"]["max_new_tokens"])
+    ws = wirings(b.draft(draft).boundaries, b.num_layers, model.cfg.num_aux * model.cfg.target_hidden_size,
+                 model.cfg.hidden_size)
+    assert [w.name for w in ws] == list(rows)
+    for w in ws[:2]:
+        got = mean_acceptance_length(per_prompt_acceptance(target, model, w, held, 4, n))
+        assert round(got, 6) == rows[w.name]["acceptance_length"], (w.name, got, rows[w.name])
+
+
+def test_wirings_list_only_what_changes_something() -> None:
+    names = lambda t, fc_in: [w.name for w in wirings(t, 8, fc_in, 128)]  # noqa: E731
+    assert names((2, 4, 5), 384) == [SERVED, "slots_minus_one", "slots_plus_one", "slots_permuted"]
+    assert names((0, 4, 6), 384) == [SERVED, "slots_minus_one", "slots_plus_one", "embedding_dropped",
+                                     "engine_defaults", "slots_permuted"]
+    assert names((4,), 128) == [SERVED, "slots_minus_one", "slots_plus_one", "fc_skipped"]
+    assert names((2, 4, 8), 384) == [SERVED, "slots_minus_one", "slots_plus_one", "engine_defaults",
+                                     "slots_permuted", "final_normed", "final_missing"]
+    # a shift clamped back onto training is no wrong wiring
+    assert "slots_minus_one" not in names((0,), 128)
+
+
+def test_canary_picks_the_widest_gaps_and_draws_the_line_half_way() -> None:
+    traces = {SERVED: [[4, 4], [4, 0], [2, 2], [4, 4]],
+              "a": [[0, 0], [4, 0], [2, 2], [1, 1]],
+              "b": [[1, 1], [0, 0], [0, 0], [2, 2]]}
+    c = choose_canary(traces, 2, 0.5)
+    assert c.prompts == (0, 3)  # margins 3 and 2; prompts 1 and 2 have none
+    assert c.served == 5.0 and c.best_wrong == 2.5 and c.best_wrong_wiring == "b"
+    assert c.threshold == pytest.approx(3.75)
