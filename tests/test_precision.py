@@ -2,11 +2,12 @@
 wiring bug.
 
 The pinned prompts are hard cases for any fixed per-token bound: each holds a token whose bf16
-error on the CPU is beyond 5e-2 (up to 0.33 here), found on the committed bundle by drawing
-random prompts and judging the bf16 reference against fp32 (the previous bundle's hard cases,
-found by benchmarks/false_alarms.py against the previous judgement, are no longer hard on the
-rebuilt target). [239] carries its bf16 error at token 0 from boundary 2 on (a layer-1
-divergence, the kind a routing near-tie makes), and [239, 505] carries it into the next token.
+error on the CPU is beyond 5e-2 (0.27 to 2.1 here), found on the committed bundle by
+`benchmarks/false_alarms.py --dtype bfloat16 --prompts 120` (its `hard_cases`: prompts the
+judgement passes whose worst token is beyond the fixed bound; the decorrelated target's layers
+partly cancel their input, which amplifies bf16 error). [251] carries its bf16 error at token 0
+from boundary 2 on (a layer-1 divergence, the kind a routing near-tie makes), and
+[251, 133, 464] carries it into the next tokens.
 """
 
 from __future__ import annotations
@@ -33,14 +34,14 @@ from harness.paths import default_bundle_path
 from harness.tolerances import tolerance_for
 
 FALSE_ALARMS = [
-    ("specforge-default", [239]),
-    ("specforge-default", [239, 505]),
-    ("embed-first", [342, 486, 232, 28, 281]),
-    ("embed-first", [314, 210, 219, 293, 260, 307, 172, 427]),
-    ("final-aux", [263, 348, 450, 260, 367, 330, 237, 204, 141, 77, 323, 405, 67, 193, 356, 506, 439,
-                   418, 236, 287, 469, 399, 212]),
-    ("final-aux", [473, 183, 49, 251, 113, 296, 440, 299, 495, 62, 263, 451, 332, 137, 12, 54, 212, 370,
-                   67, 325, 339, 159]),
+    ("specforge-default", [251]),
+    ("specforge-default", [251, 133, 464]),
+    ("embed-first", [376, 115, 410, 103, 227, 484, 107, 303, 366, 28, 466, 201, 20, 122, 327, 46, 448, 98,
+                     189, 32, 383, 329, 349, 91, 122]),
+    ("embed-first", [59, 454, 33, 315, 361, 242, 317, 326, 481, 175, 336, 66, 499, 352, 368, 321, 154, 406,
+                     437, 68, 493, 469, 201, 412, 153, 472, 384, 449, 493, 351, 506, 417]),
+    ("final-aux", [270, 418, 123, 437, 113, 461, 350, 304, 425, 489, 217, 299, 143, 233, 255, 341, 331, 361]),
+    ("final-aux", [36, 416, 46, 104, 386, 116]),
 ]
 LONG = 24  # tokens of the prompt the synthetic wiring bugs are built on
 
@@ -120,7 +121,7 @@ def test_a_slot_drifting_beyond_the_noise_floor_fails() -> None:
 def test_precision_ambiguity_is_reported_as_ambiguous_not_as_a_bug() -> None:
     """A token where the same-dtype reference is itself no nearer its boundary than zero is one
     precision cannot decide: ambiguous, whatever the engine holds there, unless zeros."""
-    g = _oracle().features([239, 505])
+    g = _oracle().features([251, 133, 464])
     x = g.boundaries[5] + 2 * g.boundaries[5].norm(dim=-1, keepdim=True) * torch.randn_like(g.boundaries[5]) / 11
     undecided = g.boundaries[5] * -0.5  # relative error 1.5: the reference rounded to nothing
     tc = classify_tokens(x, g, 5, undecided, noise_factor=2, separation=2, floor=1e-3)
@@ -134,18 +135,18 @@ def test_precision_ambiguity_is_reported_as_ambiguous_not_as_a_bug() -> None:
 
 def test_the_noise_floor_is_the_same_dtype_reference() -> None:
     o = _oracle()
-    p = [239, 505]
+    p = [251, 133, 464]
     assert o.reference_features(p, "float32", "cpu") is o.features(p)
     low = o.reference_features(p, "bfloat16", "cpu")
     err = (low.boundaries - o.features(p).boundaries).norm(dim=-1) / o.features(p).boundaries.norm(dim=-1)
     # computed, not assumed: the embedding only rounds to bf16, and the layer-1 divergence of
-    # [239] is in the floor from boundary 2 on (which is why [239] passes)
+    # [251] is in the floor from boundary 2 on (which is why [251] passes)
     assert 0 < float(err[0].max()) <= tolerance_for("bfloat16").unit
     assert float(err[2:, 0].min()) > tolerance_for("bfloat16").rtol
 
 
 def test_missing_noise_floor_is_a_clear_error() -> None:
-    prompt = [239]
+    prompt = [251]
     o = _oracle()
     with pytest.raises(ValueError, match=r"needs the bfloat16 reference's features"):
         assert_capture_matches(features=_bf16(prompt, [2, 4, 5]), golden=[o.features(prompt)],
