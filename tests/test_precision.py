@@ -121,7 +121,7 @@ def test_a_slot_drifting_beyond_the_noise_floor_fails() -> None:
 def test_precision_ambiguity_is_reported_as_ambiguous_not_as_a_bug() -> None:
     """A token where the same-dtype reference is itself no nearer its boundary than zero is one
     precision cannot decide: ambiguous, whatever the engine holds there, unless zeros."""
-    g = _oracle().features([251, 133, 464])
+    g = _oracle().features([251, 133])
     x = g.boundaries[5] + 2 * g.boundaries[5].norm(dim=-1, keepdim=True) * torch.randn_like(g.boundaries[5]) / 11
     undecided = g.boundaries[5] * -0.5  # relative error 1.5: the reference rounded to nothing
     tc = classify_tokens(x, g, 5, undecided, noise_factor=2, separation=2, floor=1e-3)
