@@ -31,11 +31,12 @@ from harness.golden.builder import (
     DRAFT_VOCAB_SIZE,
     NUM_DRAFT_TOKENS,
     REGEN_PROMPT_LEN,
+    draft_data,
     draft_recipes,
 )
 from harness.golden.corpus import Language, make_language, sample_batch
 from harness.golden.features import target_features
-from harness.golden.training import regenerate, train_draft, train_target_model, vocab_mapping
+from harness.golden.training import regenerate, train_draft, train_target_model
 from harness.golden.wirings import SERVED, mean_acceptance_length, per_prompt_acceptance, wirings
 from harness.models.draft import DraftConfig
 from harness.models.target import build_target, decoder_layers, target_config_dict
@@ -165,11 +166,8 @@ def run_lever(lever: Lever, size: Size, drafts: list[str], seed: int = 0,
     log(f"[{lever.name}] rel_centred {stats['rel_centred']} cos_centred {stats['cos_centred']}")
     n = target.config.num_hidden_layers
     hidden = target.config.hidden_size
-    g = torch.Generator().manual_seed(seed + 11)
-    train_seqs = regenerate(target, lang, size.train_sequences, REGEN_PROMPT_LEN, 64, g)
-    held_seqs = regenerate(target, lang, size.heldout_sequences, REGEN_PROMPT_LEN, 64, g)
-    d2t, t2d = vocab_mapping(train_seqs, DRAFT_VOCAB_SIZE, lang.vocab_size)
-    prompts = sample_batch(lang, size.heldout_prompts, 24, torch.Generator().manual_seed(seed + 13)).tolist()
+    train_seqs, held_seqs, d2t, t2d, prompts = draft_data(
+        target, lang, seed, size.train_sequences, size.heldout_sequences, size.heldout_prompts)
     result: dict[str, Any] = {"lever": asdict(lever), "size": asdict(size), "target_loss": loss,
                               "target_heldout_acc": acc, "boundaries": stats, "drafts": {}}
     for i, recipe in enumerate(r for r in draft_recipes(n) if r.name in drafts):

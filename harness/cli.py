@@ -313,7 +313,8 @@ def cmd_doctor(a: argparse.Namespace, extra: Sequence[str]) -> int:
         _check_engine(a.engine)
         return run_doctor(Path(a.target), Path(a.draft), a.engine, a.convention, a.device, a.dtype,
                           Path(a.report_dir) if a.report_dir else None,
-                          say=lambda line: print(line, flush=True))
+                          say=lambda line: print(line, flush=True),
+                          prompts_file=Path(a.prompts) if a.prompts else None)
     except (DoctorError, EngineLookupError) as e:
         raise CliError(str(e)) from None
 
@@ -384,6 +385,10 @@ def build_parser() -> argparse.ArgumentParser:
     doc.add_argument("--dtype", choices=("float32", "bfloat16", "float16"),
                      help="engine dtype (default: the engine's)")
     doc.add_argument("--report-dir", help="write report.json/md/html here")
+    doc.add_argument("--prompts", help="JSON list of token-id lists from the draft's training data: the "
+                                       "weights are scored on the target's continuations of them "
+                                       "(default: random-token prompts, which a small draft may not "
+                                       "predict well enough to name its layers)")
     doc.set_defaults(func=cmd_doctor)
 
     table = sub.add_parser("conformance-table", help="render docs/CONFORMANCE.md from reports")

@@ -84,3 +84,81 @@ def test_embedding_first_rewritten_without_the_embedding(tmp_path: Path, capsys)
         assert "embedding" in text
     else:
         assert code == 0 and doc["inference"]["ambiguous"]
+
+
+def _heldout_file(tmp_path: Path) -> Path:
+    """The bundle's held-out prompts: text of the drafts' own training distribution, what a
+    user passes as `--prompts` from their training data."""
+    from safetensors.torch import load_file
+
+    path = tmp_path / "heldout.json"
+    path.write_text(json.dumps(load_file(str(BUNDLE / "tensors.safetensors"))["heldout.ids"].tolist()))
+    return path
+
+
+def _doctor_on_text(tmp_path: Path, draft: Path, convention: str, capsys) -> tuple[int, str, dict]:
+    out = tmp_path / "report-text"
+    code = main(["doctor", "--target", str(BUNDLE / "target"), "--draft", str(draft), "--engine",
+                 "reference", "--convention", convention, "--report-dir", str(out),
+                 "--prompts", str(_heldout_file(tmp_path))])
+    text = capsys.readouterr().out
+    print(text)
+    return code, text, json.loads((out / "report.json").read_text())
+
+
+@pytest.mark.slow
+def test_shifted_ids_named_from_the_weights(tmp_path: Path, capsys) -> None:
+    """With text of the draft's language the weights decide: trained [2, 4, 5], the config's
+    [2, 4, 5] fed as [3, 5, 6], the fix [1, 3, 4] re-served and verified."""
+    code, text, report = _doctor_on_text(tmp_path, _draft(tmp_path, "specforge-default", [2, 4, 5]),
+                                         "specforge", capsys)
+    doc = report["doctor"]
+    assert doc["trained_source"] == "inferred from the weights" and not doc["inference"]["ambiguous"]
+    assert doc["trained_boundaries"] == [2, 4, 5] and doc["fed_boundaries"] == [3, 5, 6] and code == 1
+    assert report["diagnoses"][0]["kind"] == "offset"
+    assert report["diagnoses"][0]["suggested_layer_ids"] == [1, 3, 4]
+    assert doc["fix_verified"] and "fix verified" in text
+
+
+@pytest.mark.slow
+def test_the_motivating_case_names_the_embedding_from_the_weights(tmp_path: Path, capsys) -> None:
+    """embed-first's config rewritten as [1, 3, 5] without the embedding: the weights say
+    [0, 4, 6], the doctor names the embedding and the ids that feed it ([-1, 3, 5] under
+    "-1 = embedding"), verified; under SpecForge HEAD's rule no id list can, and it says so."""
+    draft = _draft(tmp_path, "embed-first", [1, 3, 5])
+    code, text, report = _doctor_on_text(tmp_path, draft, "embedding-minus-one", capsys)
+    doc = report["doctor"]
+    assert doc["trained_source"] == "inferred from the weights" and doc["trained_boundaries"] == [0, 4, 6]
+    assert code == 1 and report["diagnoses"][0]["kind"] == "embedding_missing" and "embedding" in text
+    assert doc["fix_verified"] and "ids [-1, 3, 5]" in text and "fix verified" in text
+    code, text, report = _doctor_on_text(tmp_path, draft, "specforge", capsys)
+    assert code == 1 and report["diagnoses"][0]["kind"] == "embedding_missing"
+    assert "fix: no id list to re-serve" in text and not report["doctor"]["fix_verified"]
+
+
+@pytest.mark.parametrize("content, needle", [
+    ("not json", "cannot read it as JSON"),
+    ("[[1, 2], []]", "non-empty JSON list of non-empty lists"),
+    ("[[1, 99999]]", "outside the target's vocabulary"),
+])
+def test_bad_prompts_file_is_one_line(tmp_path: Path, capsys, content: str, needle: str) -> None:
+    bad = tmp_path / "p.json"
+    bad.write_text(content)
+    assert main(["doctor", "--target", str(BUNDLE / "target"), "--draft", str(BUNDLE / "draft-single-aux"),
+                 "--engine", "reference", "--prompts", str(bad)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and needle in err[0], err
+
+
+@pytest.mark.slow
+def test_bf16_engine_fed_as_trained_is_conformant(tmp_path: Path, capsys) -> None:
+    """The doctor judges reduced precision as the suite does, against the target's own noise
+    floor in that dtype: a bf16 engine feeding exactly the trained boundaries is fed as trained
+    (a fixed rtol named vLLM's bf16 capture of these very boundaries "capture skipped")."""
+    out = tmp_path / "bf16"
+    code = main(["doctor", "--target", str(BUNDLE / "target"), "--draft", str(BUNDLE / "draft-specforge-default"),
+                 "--engine", "reference", "--convention", "specforge", "--dtype", "bfloat16",
+                 "--report-dir", str(out), "--prompts", str(_heldout_file(tmp_path))])
+    text = capsys.readouterr().out
+    print(text)
+    assert code == 0 and "diagnosis: ok" in text and "at bfloat16" in text, text

@@ -111,6 +111,20 @@ Simulator = Callable[[torch.nn.Module, Eagle3Draft, Sequence[int], Sequence[int]
                      tuple[list[int], list[int]]]
 
 
+def draft_data(target: torch.nn.Module, lang, seed: int, train_sequences: int, heldout_sequences: int,
+               heldout_prompts: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+                                              list[list[int]]]:
+    """The drafts' data from a trained target, seeded: regenerated training and held-out
+    sequences (corpus prompts continued greedily by the target), the vocab map built from the
+    training ones, and the held-out serving prompts. (train, held, d2t, t2d, prompts)."""
+    g = torch.Generator().manual_seed(seed + 11)
+    train_seqs = regenerate(target, lang, train_sequences, REGEN_PROMPT_LEN, 64, g)
+    held_seqs = regenerate(target, lang, heldout_sequences, REGEN_PROMPT_LEN, 64, g)
+    d2t, t2d = vocab_mapping(train_seqs, DRAFT_VOCAB_SIZE, lang.vocab_size)
+    prompts = sample_batch(lang, heldout_prompts, 24, torch.Generator().manual_seed(seed + 13)).tolist()
+    return train_seqs, held_seqs, d2t, t2d, prompts
+
+
 def _default_simulator() -> Simulator:
     from harness.engines.speculative import simulate_chain
 
@@ -164,11 +178,8 @@ def _build(out: Path, seed: int, size: BuildSize, log: Callable[[str], None],
         target = load_target(tmp / "target")
         num_layers = target.config.num_hidden_layers
         hidden = target.config.hidden_size
-        g = torch.Generator().manual_seed(seed + 11)
-        train_seqs = regenerate(target, lang, size.train_sequences, REGEN_PROMPT_LEN, 64, g)
-        held_seqs = regenerate(target, lang, size.heldout_sequences, REGEN_PROMPT_LEN, 64, g)
-        d2t, t2d = vocab_mapping(train_seqs, DRAFT_VOCAB_SIZE, lang.vocab_size)
-        held_prompts = sample_batch(lang, size.heldout_prompts, 24, torch.Generator().manual_seed(seed + 13)).tolist()
+        train_seqs, held_seqs, d2t, t2d, held_prompts = draft_data(
+            target, lang, seed, size.train_sequences, size.heldout_sequences, size.heldout_prompts)
         pinned = _pinned_prompts(lang, seed, size.pinned_prompts)
         feats = [target_features(target, p) for p in pinned]
         tensors = _pinned_target_tensors(target, pinned, feats, size.continuation_len)
