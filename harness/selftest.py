@@ -13,21 +13,23 @@ from pathlib import Path
 from typing import Any
 
 
-def mutant_field(entry: Any, name: str, attr: str) -> str | None:
-    """A zoo entry's declared attribute (on the entry or on its class), as text."""
+def declared(entry: Any, attr: str) -> Any:
+    """A zoo entry's declared attribute, on the entry or else on its class (None: neither)."""
     from harness.registry import _mutant_class
 
     for obj in (entry, _mutant_class(entry)):
         value = getattr(obj, attr, None)
         if value is not None:
-            return str(value)
+            return value
+    return None
+
+
+def mutant_field(entry: Any, name: str, attr: str) -> str | None:
+    """A zoo entry's declared attribute (on the entry or on its class), as text."""
+    value = declared(entry, attr)
+    if value is not None:
+        return str(value)
     return None if attr != "name" else name
-
-
-def _mutant_class_of(entry: Any) -> Any:
-    from harness.registry import _mutant_class
-
-    return _mutant_class(entry)
 
 
 def run_suite(engine: str, bundle: Path, out: Path, profile: str, extra: Sequence[str],
@@ -65,7 +67,7 @@ def score_mutant(name: str, entry: Any, code: int, report: dict[str, Any] | None
         result["error"] = f"the run ended with exit code {code} and no report; see run.log"
         return result
     diags = report.get("diagnoses", [])
-    by_draft = getattr(_mutant_class_of(entry), "expected_kind_by_draft", None) or {}
+    by_draft = declared(entry, "expected_kind_by_draft") or {}
     right = [d.get("kind") == by_draft.get(d.get("draft"), expected) for d in diags]
     match = next((d for d in diags if d.get("kind") == expected), None)
     failed = [c["id"] for c in report["checks"] if c["status"] in ("failed", "error", "xfail")]
