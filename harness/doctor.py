@@ -119,7 +119,6 @@ def run_doctor(target: Path, draft: Path, engine_name: str, convention: str | No
     from harness.boundaries import CONVENTIONS, LayerIdError, ids_to_boundaries, short_boundary
     from harness.config_schema import target_config_problems
     from harness.diagnosis.crash import crash_diagnosis
-    from harness.diagnosis.fingerprint import fingerprint
     from harness.engines.base import EngineOptions
     from harness.golden.features import target_features
     from harness.lint import lint_draft
@@ -128,7 +127,7 @@ def run_doctor(target: Path, draft: Path, engine_name: str, convention: str | No
     from harness.observed_convention import Observation, fix_result, literal_ids
     from harness.registry import resolve_engine
     from harness.report import ReportCollector, verdict_line, write_reports
-    from harness.tolerances import rtol_for, tolerance_for
+    from harness.tolerances import tolerance_for
     from harness.weight_inference import greedy_prompts, infer_boundaries
 
     started = time.time()
@@ -191,28 +190,33 @@ def run_doctor(target: Path, draft: Path, engine_name: str, convention: str | No
     options = EngineOptions(dtype=dtype or engine_cls.default_dtype, device=device,
                             training_convention=convention)
     engine_conv = engine_cls.convention or convention
-    rtol = rtol_for(options.dtype)
+    # the suite's own judgement, for the capture and for the re-served fix alike: fp32 strict;
+    # reduced precision against the noise floor of the target itself in the engine's dtype on
+    # its device (a fixed rtol cries wolf there: the decorrelated bundle target's layers partly
+    # cancel their input, and a verified fix would read as "fix fails")
+    noise = None
+    if not tolerance_for(options.dtype).strict:
+        low = load_target(target, getattr(torch, options.dtype), device)
+        noise = [target_features(low, p) for p in prompts]
+        del low
+
+    def judge(captured: Sequence[torch.Tensor], config_ids: Sequence[int], check: str) -> Any:
+        try:
+            return assert_capture_matches(
+                features=captured, golden=feats, training_boundaries=trained, dtype=options.dtype,
+                engine_name=engine_name, engine_convention=engine_conv, config_ids=config_ids,
+                draft=draft.name, prompts=prompts, check=check, noise=noise)
+        except ConformanceFailure as failure:
+            return failure.diagnoses[0]
+
     say(f"[3/4] capturing through {engine_name} ({options.dtype}, {device}) ...")
     features, crash = _capture(engine_cls, target, draft, options, prompts)
     if crash is not None:
-        diag = crash_diagnosis(crash, ids, int(tcfg["hidden_size"]))
+        diag = crash_diagnosis(crash, ids, int(tcfg["hidden_size"]), engine_convention=engine_conv,
+                               training_boundaries=trained, num_layers=n)
         fed: list[Any] = []
     else:
-        # the suite's own judgement: fp32 strict; reduced precision against the noise floor of
-        # the target itself in the engine's dtype on its device (a fixed rtol cries wolf there:
-        # the decorrelated bundle target's layers partly cancel their input)
-        noise = None
-        if not tolerance_for(options.dtype).strict:
-            low = load_target(target, getattr(torch, options.dtype), device)
-            noise = [target_features(low, p) for p in prompts]
-            del low
-        try:
-            diag = assert_capture_matches(
-                features=features, golden=feats, training_boundaries=trained, dtype=options.dtype,
-                engine_name=engine_name, engine_convention=engine_conv, config_ids=ids,
-                draft=draft.name, prompts=prompts, check="doctor::capture", noise=noise)
-        except ConformanceFailure as failure:
-            diag = failure.diagnoses[0]
+        diag = judge(features, ids, "doctor::capture")
         fed = diag.engine_boundaries
     say(f"fed: {fed if crash is None else 'nothing (the engine crashed)'}; trained: {trained}")
     say(f"diagnosis: {diag.kind}: {diag.message}")
@@ -240,7 +244,8 @@ def run_doctor(target: Path, draft: Path, engine_name: str, convention: str | No
             with tempfile.TemporaryDirectory(prefix="eagle3-doctor-") as scratch:
                 fixed = with_ids(draft, fix_ids, layout, Path(scratch))
                 f2, crash2 = _capture(engine_cls, target, fixed, options, prompts)
-            slots = None if f2 is None else [s.found for s in fingerprint(f2, feats, trained, rtol)]
+            slots = (None if f2 is None
+                     else list(judge(f2, fix_ids, "doctor::fix").engine_boundaries))
             text, holds = fix_result(fix_ids, layout, trained, suggested, slots, crash2)
             fix_ok = holds and suggested
             collector.fix(draft.name, {"ids": list(fix_ids), "layout": layout, "suggested": suggested,

@@ -162,3 +162,23 @@ def test_bf16_engine_fed_as_trained_is_conformant(tmp_path: Path, capsys) -> Non
     text = capsys.readouterr().out
     print(text)
     assert code == 0 and "diagnosis: ok" in text and "at bfloat16" in text, text
+
+
+@pytest.mark.slow
+def test_bf16_fix_is_verified_at_the_noise_floor(tmp_path: Path, capsys) -> None:
+    """The re-served fix is judged exactly as the capture is: in bf16 against the target's own
+    noise floor. specforge-default's config shifted to [2, 4, 5] is fed [3, 5, 6] in bf16; the
+    fix [1, 3, 4] must come out verified (judged with the fp32 rtol instead, the bf16 capture of
+    the very training boundaries read as other slots and the fix as failing)."""
+    out = tmp_path / "bf16-fix"
+    draft = _draft(tmp_path, "specforge-default", [2, 4, 5])
+    code = main(["doctor", "--target", str(BUNDLE / "target"), "--draft", str(draft),
+                 "--engine", "reference", "--convention", "specforge", "--dtype", "bfloat16",
+                 "--report-dir", str(out), "--prompts", str(_heldout_file(tmp_path))])
+    text = capsys.readouterr().out
+    print(text)
+    report = json.loads((out / "report.json").read_text())
+    doc = report["doctor"]
+    assert code == 1 and doc["fed_boundaries"] == [3, 5, 6], text
+    assert report["diagnoses"][0]["kind"] == "offset", text
+    assert doc["fix_verified"] and "fix verified: ids [1, 3, 4]" in text, text
