@@ -35,7 +35,7 @@ A margin, however clear, is evidence of training only for a draft that has learn
 so the best candidate must also beat, by the same paired test, the constant guess of the
 scored text's most common target token (chosen on the very tokens it is scored on, so an
 optimistic bar). Untrained drafts predict 0.01–0.07 of the target's tokens against that
-guess's 0.07 (held-out text) and 0.11 (looping greedy continuations of random seeds), and yet
+guess's 0.063 (held-out text) and 0.106 (looping greedy continuations of random seeds), and yet
 one of ten cleared the cluster-robust margin on held-out text ([1, 4, 7], 0.0085 against
 0.0084): without the bar it would be a confident wrong answer.
 Nothing here is tuned to a draft: a draft that barely depends on its aux features comes out
