@@ -106,6 +106,22 @@ def test_bundle_drafts_inferred_right_or_ambiguous(in_language) -> None:
     assert all(found.values()), found
 
 
+def test_coordinate_search_finds_the_trained_boundaries(in_language, monkeypatch) -> None:
+    """The search a deep target gets (past EXHAUSTIVE_LIMIT combinations: 61 layers and 3 slots
+    make 37820) forced on the bundle: started from evenly spread boundaries, it must reach each
+    3-slot draft's training boundaries, confidently, scoring far fewer candidates than the 84."""
+    import harness.weight_inference as wi
+
+    target, prompts, feats = in_language
+    monkeypatch.setattr(wi, "EXHAUSTIVE_LIMIT", 0)
+    drafts = json.loads((BUNDLE / "manifest.json").read_text())["drafts"]
+    for name in ("specforge-default", "embed-first", "final-aux"):
+        inf = infer_boundaries(_load(name, target), prompts, feats, score_from=HELD_LEN)
+        print(f"{name} (trained {drafts[name]['boundaries']}): {inf.line()}")
+        assert inf.search == "coordinate" and inf.candidates < 84, inf.line()
+        assert inf.boundaries == drafts[name]["boundaries"] and not inf.ambiguous, inf.line()
+
+
 @pytest.mark.parametrize("text", ["random-token seeds", "held-out text"])
 def test_untrained_drafts_are_ambiguous(reference, in_language, text: str) -> None:
     target, prompts, feats = reference if text == "random-token seeds" else in_language

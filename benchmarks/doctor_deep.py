@@ -1,0 +1,89 @@
+"""`doctor` on a deep target: what each step costs at the motivating user's depth (61 layers).
+
+The issue asks that weight inference "stay cheap at 61 layers": 62 boundaries and 3 slots make
+37820 combinations, so past `EXHAUSTIVE_LIMIT` the coordinate search runs instead. This builds
+a 61-layer target of the bundle's shape (DeepSeek-V3, MLA + MoE, hidden 128; random weights)
+and a 3-slot draft (random weights, SpecForge ids [1, 29, 57]) in a scratch folder, runs the
+whole doctor on them through the reference engine on `--device`, and records the wall time of
+each step (from the doctor's own progress lines), how many candidates the search scored, and
+the verdict. Both models are untrained, so the honest inference is "ambiguous" and the doctor
+falls back to the config's ids read in `--convention`; the figure of interest is the cost.
+
+    python benchmarks/doctor_deep.py --device cpu --out /tmp/doctor_deep_cpu.json
+    python benchmarks/doctor_deep.py --device cuda --out /tmp/doctor_deep_cuda.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from harness.doctor import run_doctor
+from harness.models.draft import DraftConfig, Eagle3Draft
+from harness.models.target import build_target, target_config_dict
+
+IDS = (1, 29, 57)
+
+
+def build(root: Path, layers: int) -> tuple[Path, Path]:
+    """A `layers`-deep target and a 3-slot draft, saved as a user would have them."""
+    target = build_target(target_config_dict(num_layers=layers), seed=0)
+    target.save_pretrained(root / "target", safe_serialization=True)
+    torch.manual_seed(1)
+    draft = Eagle3Draft(DraftConfig(vocab_size=512, draft_vocab_size=256, hidden_size=128,
+                                    target_hidden_size=128, aux_layer_ids=IDS))
+    draft.d2t.zero_()  # draft id i -> target id i
+    draft.t2d.zero_()
+    draft.t2d[:256] = True
+    draft.save(root / "draft")
+    return root / "target", root / "draft"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--layers", type=int, default=61)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--out", type=Path, required=True)
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory(prefix="doctor-deep-") as scratch:
+        root = Path(scratch)
+        t0 = time.perf_counter()
+        target, draft = build(root, args.layers)
+        built = time.perf_counter() - t0
+        lines: list[tuple[float, str]] = []
+        start = time.perf_counter()
+
+        def say(line: str) -> None:
+            lines.append((round(time.perf_counter() - start, 2), line))
+            print(f"[{lines[-1][0]:7.2f} s] {line}", flush=True)
+
+        code = run_doctor(target, draft, "reference", "specforge", args.device, None,
+                          root / "report", say=say)
+        total = time.perf_counter() - start
+        report = json.loads((root / "report" / "report.json").read_text())
+    steps = {line.split("]")[0] + "]": at for at, line in lines if line.startswith("[")}
+    inference = report["doctor"]["inference"]
+    result = {
+        "layers": args.layers, "device": args.device, "ids": list(IDS),
+        "combinations": math.comb(args.layers + 1, len(IDS)),
+        "search": inference["search"], "candidates_scored": inference["candidates"],
+        "inference": inference, "exit_code": code, "build_s": round(built, 2),
+        "doctor_s": round(total, 2), "step_started_at_s": steps,
+        "torch": torch.__version__,
+        "gpu": torch.cuda.get_device_name() if args.device.startswith("cuda") else None,
+        "transcript": [line for _, line in lines],
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=1))
+    print(f"{args.layers} layers on {args.device}: doctor {total:.1f} s, {inference['search']} search "
+          f"scored {inference['candidates']} of {result['combinations']} candidates, exit {code}")
+
+
+if __name__ == "__main__":
+    main()
