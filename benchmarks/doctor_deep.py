@@ -9,8 +9,13 @@ each step (from the doctor's own progress lines), how many candidates the search
 the verdict. Both models are untrained, so the honest inference is "ambiguous" and the doctor
 falls back to the config's ids read in `--convention`; the figure of interest is the cost.
 
+`--shape motivating` (GPU) takes instead the GPU tier's 61-layer target at hidden 1024 with 64
+routed experts (`harness.models.presets.motivating_depth_config`, ~3B parameters, saved to disk
+in fp32 as a user's checkpoint would be) and a draft sized for it.
+
     python benchmarks/doctor_deep.py --device cpu --out /tmp/doctor_deep_cpu.json
     python benchmarks/doctor_deep.py --device cuda --out /tmp/doctor_deep_cuda.json
+    python benchmarks/doctor_deep.py --device cuda --shape motivating --dtype bfloat16 --out /tmp/deep.json
 """
 
 from __future__ import annotations
@@ -26,9 +31,18 @@ import torch
 
 from harness.doctor import run_doctor
 from harness.models.draft import DraftConfig, Eagle3Draft
+from harness.models.presets import build_target_on, motivating_depth_config, random_draft
 from harness.models.target import build_target, target_config_dict
 
 IDS = (1, 29, 57)
+
+
+def build_motivating(root: Path, device: str) -> tuple[Path, Path]:
+    """The GPU tier's 61-layer target and a draft sized for it, saved as a user would have them."""
+    cfg = motivating_depth_config()
+    build_target_on(cfg, 0, device, torch.float32).save_pretrained(root / "target", safe_serialization=True)
+    random_draft(cfg, IDS, 1, device, torch.float32).save(root / "draft")
+    return root / "target", root / "draft"
 
 
 def build(root: Path, layers: int) -> tuple[Path, Path]:
@@ -49,12 +63,16 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--layers", type=int, default=61)
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--shape", choices=("tiny", "motivating"), default="tiny")
+    ap.add_argument("--dtype", default=None, help="the engine's dtype (default: its own)")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="doctor-deep-") as scratch:
         root = Path(scratch)
         t0 = time.perf_counter()
-        target, draft = build(root, args.layers)
+        target, draft = (build_motivating(root, args.device) if args.shape == "motivating"
+                         else build(root, args.layers))
+        layers = int(json.loads((target / "config.json").read_text())["num_hidden_layers"])
         built = time.perf_counter() - t0
         lines: list[tuple[float, str]] = []
         start = time.perf_counter()
@@ -63,15 +81,15 @@ def main() -> None:
             lines.append((round(time.perf_counter() - start, 2), line))
             print(f"[{lines[-1][0]:7.2f} s] {line}", flush=True)
 
-        code = run_doctor(target, draft, "reference", "specforge", args.device, None,
+        code = run_doctor(target, draft, "reference", "specforge", args.device, args.dtype,
                           root / "report", say=say)
         total = time.perf_counter() - start
         report = json.loads((root / "report" / "report.json").read_text())
     steps = {line.split("]")[0] + "]": at for at, line in lines if line.startswith("[")}
     inference = report["doctor"]["inference"]
     result = {
-        "layers": args.layers, "device": args.device, "ids": list(IDS),
-        "combinations": math.comb(args.layers + 1, len(IDS)),
+        "shape": args.shape, "layers": layers, "device": args.device, "dtype": args.dtype,
+        "ids": list(IDS), "combinations": math.comb(layers + 1, len(IDS)),
         "search": inference["search"], "candidates_scored": inference["candidates"],
         "inference": inference, "exit_code": code, "build_s": round(built, 2),
         "doctor_s": round(total, 2), "step_started_at_s": steps,
@@ -81,7 +99,7 @@ def main() -> None:
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1))
-    print(f"{args.layers} layers on {args.device}: doctor {total:.1f} s, {inference['search']} search "
+    print(f"{layers} layers ({args.shape}) on {args.device}: doctor {total:.1f} s, {inference['search']} search "
           f"scored {inference['candidates']} of {result['combinations']} candidates, exit {code}")
 
 

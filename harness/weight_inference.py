@@ -184,9 +184,10 @@ def greedy_prompts(target: torch.nn.Module, seeds: Sequence[Sequence[int]],
     """Each seed continued greedily by the target: text the target itself would produce,
     which is what a draft is trained (and served) to predict."""
     out = []
+    device = next(target.parameters()).device
     with torch.no_grad():
         for s in seeds:
-            ids = torch.tensor([list(s)], dtype=torch.long)
+            ids = torch.tensor([list(s)], dtype=torch.long, device=device)
             for _ in range(new_tokens):
                 nxt = target(input_ids=ids, use_cache=False).logits[0, -1].argmax()
                 ids = torch.cat([ids, nxt.view(1, 1)], dim=1)
@@ -199,16 +200,18 @@ def _hits(draft: Eagle3Draft, prompt: Sequence[int], feats: TargetFeatures,
     """Per scored anchor t, the fraction of its TTT steps j (those with a token at t+j+1) whose
     draft argmax is the target's argmax there, inside the draft vocab (module doc)."""
     assert feats.logits is not None, "inference needs the target's logits: compute the features"
-    labels = feats.logits.argmax(-1)
-    _, _, preds = ttt_forward(draft, torch.tensor([list(prompt)]), aux_features(feats, boundaries)[None],
-                              labels[None], steps=steps)
+    labels = feats.logits.argmax(-1)  # features live on the CPU; the draft on its device
+    device = draft.embed_tokens.weight.device
+    _, _, preds = ttt_forward(draft, torch.tensor([list(prompt)], device=device),
+                              aux_features(feats, boundaries)[None].to(device, draft.embed_tokens.weight.dtype),
+                              labels[None].to(device), steps=steps)
     first = max(0, score_from - 1)
     anchors = preds[0].shape[1]  # step 0 has an anchor for every position with a next token
     hits = torch.zeros(anchors)
     counts = torch.zeros(anchors)
     for j, pred in enumerate(preds):
         valid = pred.shape[1]  # anchors 0..valid-1 have a token at t+j+1
-        hits[:valid] += (draft.to_target_ids(pred[0]) == labels[1 + j:1 + j + valid]).float()
+        hits[:valid] += (draft.to_target_ids(pred[0]).cpu() == labels[1 + j:1 + j + valid]).float()
         counts[:valid] += 1
     return (hits / counts)[first:]
 

@@ -200,3 +200,27 @@ def test_motivating_depth_capture_identity_and_diagnosis() -> None:
                        f"on every token: (slot, modal, nearest counts, min separation) {wrong}")
     assert diag.kind == "embedding_missing", diag.message
     assert list(diag.engine_boundaries) == list(engine_b), diag.message
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_doctor_on_cuda_names_the_shift_and_verifies_the_fix(tmp_path, dtype: str) -> None:
+    """`doctor --device cuda` end to end on the bundle (the step the issue calls "GPU for large
+    ones"; it once died at its first tensor, built on the CPU): specforge-default's config
+    shifted to [2, 4, 5] is fed [3, 5, 6]; the weights (scored on CUDA) say [2, 4, 5], and the
+    fix [1, 3, 4] is re-served on CUDA and verified at the dtype's noise floor."""
+    from safetensors.torch import load_file
+
+    from harness.cli import main
+    from harness.doctor import NESTED, with_ids
+
+    bundle = default_bundle_path()
+    prompts = tmp_path / "heldout.json"
+    prompts.write_text(json.dumps(load_file(str(bundle / "tensors.safetensors"))["heldout.ids"].tolist()))
+    draft = with_ids(bundle / "draft-specforge-default", [2, 4, 5], NESTED, tmp_path)
+    out = tmp_path / "report"
+    code = main(["doctor", "--target", str(bundle / "target"), "--draft", str(draft), "--engine", "reference",
+                 "--convention", "specforge", "--device", "cuda", "--dtype", dtype,
+                 "--prompts", str(prompts), "--report-dir", str(out)])
+    doc = json.loads((out / "report.json").read_text())["doctor"]
+    assert code == 1 and doc["trained_boundaries"] == [2, 4, 5] and doc["fed_boundaries"] == [3, 5, 6], doc
+    assert doc["trained_source"] == "inferred from the weights" and doc["fix_verified"], doc

@@ -164,9 +164,9 @@ def ttt_forward(draft: Eagle3Draft, tokens: torch.Tensor, aux: torch.Tensor,
     hidden = draft.project(aux)
     keys: list[torch.Tensor] = []
     values: list[torch.Tensor] = []
-    base = torch.arange(length)
+    base = torch.arange(length, device=tokens.device)  # the draft's device (doctor --device)
     causal = base[None, :] <= base[:, None]  # [L, L]
-    total = torch.zeros(())
+    total = torch.zeros((), device=tokens.device)
     accs: list[float] = []
     preds: list[torch.Tensor] = []
     for j in range(steps):
