@@ -285,6 +285,23 @@ def test_crash_on_a_dropped_embedding_names_the_fix_only_where_the_rule_can_feed
     assert (f"ids {fix}" in d.message) if fix else "cannot express it" in d.message
 
 
+def _view_error(fed_slots: int, fc_slots: int, tokens: int = 5, hidden: int = 16) -> str:
+    """The error torch itself raises where a drafter reshapes its aux input to fc's width."""
+    with pytest.raises(RuntimeError) as err:
+        torch.zeros(tokens, fed_slots * hidden).view(-1, fc_slots * hidden)
+    return str(err.value)
+
+
+def test_crash_diagnosis_reads_the_reshape_error() -> None:
+    """vLLM 0.32 on an AMD EPYC CPU fails at the reshape, not the matmul: the fed width is not in
+    that message, only that it is not fc's; with a negative id in the config the embedding's
+    slot is the one dropped. Without one no cause is named."""
+    d = crash_diagnosis(_view_error(2, 3), [-1, 3, 5], target_hidden=16)
+    assert d.kind == "embedding_missing" and "ids [-1] match no layer" in d.message, d.message
+    assert d.details == {"fed_slots": None, "fc_slots": 3}
+    assert crash_diagnosis(_view_error(2, 3), [1, 3, 4], target_hidden=16).kind == "engine_crash"
+
+
 def test_crash_diagnosis_of_an_unrelated_error() -> None:
     d = crash_diagnosis("CUDA out of memory\nmore", [1, 3, 4], target_hidden=16)
     assert d.kind == "engine_crash" and d.message == "the engine failed serving this draft: CUDA out of memory"

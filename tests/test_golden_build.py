@@ -73,5 +73,39 @@ def test_committed_bundle_was_built_at_one_thread_setting() -> None:
     """A target trained at another thread count than the drafts cannot be rebuilt by one
     `golden build` command; the manifest must say the whole bundle came from one."""
     m = load_bundle(default_bundle_path(), verify_hashes=False).manifest
-    assert m.get("build") == json.loads(json.dumps(BUILD_SIZES["full"].__dict__)), m.get("build")
+    assert m.get("build") == json.loads(json.dumps(BUILD_SIZES["full"].record())), m.get("build")
     assert m["threads"] == m["target_threads"], (m["threads"], m["target_threads"])
+
+
+def test_a_target_that_learned_nothing_is_refused_before_the_drafts(tmp_path: Path) -> None:
+    """A usable build refuses a stalled target at once, in one line naming the numbers and the
+    way out, and writes nothing (measured: a from-scratch full build on the 2026-12-02 CI
+    machine stalled at loss 4.763, accuracy 0.042, and went on to write drafts that accept
+    everything under every wiring). Three target steps stall for sure; the smoke size is the
+    same recipe with the check off, so only `require_usable` differs."""
+    from dataclasses import replace
+
+    out = tmp_path / "refused"
+    with pytest.raises(ValueError, match="the target did not learn the language") as err:
+        build_bundle(out, seed=0, size=replace(BUILD_SIZES["smoke"], require_usable=True), log=lambda _: None)
+    assert "bigram" in str(err.value) and "--target-from" in str(err.value) and "\n" not in str(err.value)
+    assert not out.exists() and not list(tmp_path.glob(".golden-*"))
+
+
+def test_usability_bars_on_the_measured_figures() -> None:
+    """The bars on the figures they were set against: the committed target (0.517) clears the
+    bigram table's 0.377 on its language; the stalled one (0.042) does not; a canary whose best
+    wrong wiring accepts as much as the served one is refused, the committed one is not."""
+    from harness.golden.builder import canary_problem, target_problem
+    from harness.golden.corpus import make_language
+    from harness.golden.training import bigram_accuracy
+
+    manifest = json.loads((default_bundle_path() / "manifest.json").read_text())
+    bigram = bigram_accuracy(make_language(manifest["seed"]), manifest["seed"])
+    assert 0.2 < bigram < manifest["target"]["heldout_next_token_accuracy"]
+    assert target_problem(manifest["target"]["heldout_next_token_accuracy"], 1.42, bigram) is None
+    assert "stalled" in target_problem(0.0419, 4.763, bigram)
+    for name, meta in manifest["drafts"].items():
+        assert canary_problem(name, meta["canary"]) is None
+    flat = {"served": 5.0, "best_wrong": 5.0, "best_wrong_wiring": "slots_minus_one"}
+    assert "could not tell a wrong wiring" in canary_problem("x", flat)

@@ -13,6 +13,10 @@ from harness.boundaries import Convention, LayerIdError, boundaries_to_ids, get_
 from harness.diagnosis.record import Diagnosis
 
 _SHAPES = re.compile(r"mat1 and mat2 shapes cannot be multiplied \((\d+)x(\d+) and (\d+)x(\d+)\)")
+# the same mismatch met where the drafter first reshapes its aux input to fc's width (vLLM 0.32
+# on the CPU of an AMD EPYC machine, 2026-12-02; the matmul error above on the build machine):
+# the fed width is then not in the message, only that the rows do not divide into fc's width
+_VIEW = re.compile(r"shape '\[-1, (\d+)\]' is invalid for input of size (\d+)")
 
 
 def _embedding_ids(engine_convention: str | Convention | None, training_boundaries: Sequence[int] | None,
@@ -41,25 +45,32 @@ def crash_diagnosis(message: str, config_ids: Sequence[int], target_hidden: int,
     "-1 = embedding" style, in an engine that has no such id). Where the engine declares a
     rule that can capture the embedding (`engine_convention`, with the draft's training
     boundaries), the ids that feed it under that rule are the fix; else no id list is."""
-    m = _SHAPES.search(message)
     first = message.strip().splitlines()[0] if message.strip() else "engine failure"
+    fed: int | None = None
+    want: int | None = None
+    m = _SHAPES.search(message)
     if m and int(m.group(2)) % target_hidden == 0 and int(m.group(3)) % target_hidden == 0:
         fed, want = int(m.group(2)) // target_hidden, int(m.group(3)) // target_hidden
-        if fed < want:
-            dropped = [i for i in config_ids if i < 0]
-            kind = "embedding_missing" if dropped else "engine_crash"
-            why = (f"ids {dropped} match no layer in this engine, so their slots are dropped"
-                   if dropped else "some ids match no captured layer")
-            fix = _embedding_ids(engine_convention, training_boundaries, num_layers) if dropped else None
-            remedy = (f"this engine's rule ({get_convention(engine_convention).name}) captures it "
-                      f"with ids {list(fix)}: set the draft's ids to {list(fix)} for this engine"
-                      if fix is not None else "this engine cannot express it with these ids")
-            return Diagnosis(kind=kind, message=(
-                f"the engine fed fc {fed} aux states where the draft's fc takes {want} ({why}) and "
-                f"crashed: {first}. Training fed the embedding output there; {remedy}."),
-                engine_boundaries=[], training_boundaries=list(training_boundaries or []),
-                suggested_layer_ids=list(fix) if fix is not None else None,
-                details={"fed_slots": fed, "fc_slots": want})
+    v = None if m else _VIEW.search(message)
+    if v and int(v.group(1)) % target_hidden == 0 and int(v.group(2)) % int(v.group(1)) != 0:
+        want = int(v.group(1)) // target_hidden  # fed: some other number of slots
+    dropped = [i for i in config_ids if i < 0]
+    if want is not None and (fed is None and dropped or fed is not None and fed < want):
+        kind = "embedding_missing" if dropped else "engine_crash"
+        why = (f"ids {dropped} match no layer in this engine, so their slots are dropped"
+               if dropped else "some ids match no captured layer")
+        fix = _embedding_ids(engine_convention, training_boundaries, num_layers) if dropped else None
+        remedy = (f"this engine's rule ({get_convention(engine_convention).name}) captures it "
+                  f"with ids {list(fix)}: set the draft's ids to {list(fix)} for this engine"
+                  if fix is not None else "this engine cannot express it with these ids")
+        fed_text = f"{fed} aux states" if fed is not None else "a width that is not a whole number of its slots"
+        return Diagnosis(kind=kind, message=(
+            f"the engine fed fc {fed_text} where the draft's fc takes {want} ({why}) and "
+            f"crashed: {first}. Training fed the embedding output there; {remedy}."),
+            engine_boundaries=[], training_boundaries=list(training_boundaries or []),
+            suggested_layer_ids=list(fix) if fix is not None else None,
+            details={"fed_slots": fed, "fc_slots": want})
+    if fed is not None and want is not None:
         if fed > want:
             return Diagnosis(kind="ids_ignored", message=(
                 f"the engine fed fc {fed} aux states where the draft's fc takes {want} and crashed: "

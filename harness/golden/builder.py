@@ -28,6 +28,7 @@ from harness.golden.features import aux_features, target_features
 from harness.golden.training import (
     TTT_STEPS,
     TargetTraining,
+    bigram_accuracy,
     predicted_acceptance_length,
     regenerate,
     train_draft,
@@ -72,13 +73,47 @@ class BuildSize:
     heldout_prompts: int = 24
     pinned_prompts: int = 16
     continuation_len: int = CONTINUATION_LEN
+    # refuse a target that learned nothing and drafts whose canary cannot tell wirings apart
+    # (a usable bundle); off for `smoke`, whose 3 target steps are not meant to learn
+    require_usable: bool = True
+
+    def record(self) -> dict[str, Any]:
+        """What the manifest's `build` records: the work done, not the checks made on it."""
+        return {k: v for k, v in asdict(self).items() if k != "require_usable"}
 
 
 BUILD_SIZES: dict[str, BuildSize] = {
     "full": BuildSize(),
     "smoke": BuildSize(target_steps=3, draft_epochs=1, train_sequences=16, heldout_sequences=8,
-                       heldout_prompts=2, pinned_prompts=4, continuation_len=4),
+                       heldout_prompts=2, pinned_prompts=4, continuation_len=4, require_usable=False),
 }
+
+
+def target_problem(accuracy: float, final_loss: float, bigram: float) -> str | None:
+    """Why a trained target cannot make a bundle, or None. The decorrelation recipe can stall
+    (measured: at 900 steps; and at 600 steps from scratch on a machine other than the one
+    that built the committed bundle, loss 4.763 and accuracy 0.042 where the committed target
+    reached 1.422 and 0.517): the drafts trained on such a target accept everything under
+    every wiring (acc_k 1.0, served 5.000 = every wrong wiring), so the bundle would certify
+    nothing, and the build must say so at once instead of writing it."""
+    if accuracy > bigram:
+        return None
+    return (f"the target did not learn the language: held-out next-token accuracy {accuracy:.3f} is "
+            f"no better than a bigram table's ({bigram:.3f}; final training loss {final_loss:.3f}), "
+            f"so its training stalled. The recipe is sensitive to "
+            f"floating-point order across machines: rebuild the drafts on the committed target "
+            f"with --target-from golden/tiny-dsv3/target, or try another --seed")
+
+
+def canary_problem(draft: str, canary: dict[str, Any]) -> str | None:
+    """Why a draft's canary cannot be used, or None: served as trained it must accept more
+    than under its best wrong wiring, or the canary check could never fail."""
+    if canary["served"] > canary["best_wrong"]:
+        return None
+    return (f"draft {draft}: served as trained it accepts {canary['served']:.3f}, no more than "
+            f"under its best wrong wiring ({canary['best_wrong_wiring']}: {canary['best_wrong']:.3f}), "
+            f"so the bundle could not tell a wrong wiring from a right one; the target or the "
+            f"drafts did not train as the recipe expects")
 
 
 @dataclass(frozen=True)
@@ -167,6 +202,9 @@ def _build(out: Path, seed: int, size: BuildSize, log: Callable[[str], None],
         tt = train_target(lang, seed, steps=target_steps, decorrelate=size.target_decorrelation)
         tt_threads = threads
     log(f"target: final loss {tt.final_loss:.4f}, held-out next-token accuracy {tt.heldout_accuracy:.4f}")
+    problem = target_problem(tt.heldout_accuracy, tt.final_loss, bigram_accuracy(lang, seed))
+    if size.require_usable and problem:  # before minutes of draft training, not after
+        raise ValueError(problem)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".golden-", dir=out.parent))
     try:
@@ -209,6 +247,9 @@ def _build(out: Path, seed: int, size: BuildSize, log: Callable[[str], None],
             log(f"  canary: prompts {list(canary['prompts'])} served {canary['served']:.3f}, best "
                 f"wrong {canary['best_wrong']:.3f} ({canary['best_wrong_wiring']}), threshold "
                 f"{canary['threshold']:.3f}")
+            problem = canary_problem(recipe.name, canary)
+            if size.require_usable and problem:
+                raise ValueError(problem)
             tensors.update(_pinned_draft_tensors(recipe, target, draft, pinned, feats, simulate,
                                                  size.continuation_len))
             drafts_meta[recipe.name] = {
@@ -244,7 +285,7 @@ def _build(out: Path, seed: int, size: BuildSize, log: Callable[[str], None],
                         "continuation_len": size.continuation_len, "pad_token_id": PAD},
             "heldout": {"prompts": len(held_prompts), "prompt_len": 24,
                         "max_new_tokens": size.continuation_len},
-            "build": asdict(size),
+            "build": size.record(),
             "threads": threads,
             "target_threads": tt_threads,
             "versions": {"torch": torch.__version__, "transformers": transformers.__version__,

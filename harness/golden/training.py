@@ -86,10 +86,28 @@ def train_target_model(model: torch.nn.Module, lang: Language, seed: int, steps:
         h.remove()
     store.clear()
     model.eval()
-    held = sample_batch(lang, 64, seq_len, torch.Generator().manual_seed(seed + 2))
+    held = heldout_batch(lang, seed, seq_len)
     with torch.no_grad():
         pred = model(input_ids=held).logits[:, :-1].argmax(-1)
     return sum(losses[-20:]) / 20, float((pred == held[:, 1:]).float().mean())
+
+
+def heldout_batch(lang: Language, seed: int, seq_len: int = 64) -> torch.Tensor:
+    """The language samples a target's held-out next-token accuracy is measured on."""
+    return sample_batch(lang, 64, seq_len, torch.Generator().manual_seed(seed + 2))
+
+
+def bigram_accuracy(lang: Language, seed: int, seq_len: int = 64, fit_sequences: int = 2048) -> float:
+    """The held-out next-token accuracy of a bigram table (each token's most common successor)
+    fitted on `fit_sequences` fresh samples of the language: the best a model of one token of
+    context does. The language's hard tokens need more than that (corpus.py), so a target
+    that does not beat it has not learned what makes its deep features worth reading."""
+    x = sample_batch(lang, fit_sequences, seq_len, torch.Generator().manual_seed(seed + 3))
+    counts = torch.zeros(lang.vocab_size, lang.vocab_size)
+    counts.index_put_((x[:, :-1].reshape(-1), x[:, 1:].reshape(-1)),
+                      torch.ones(x[:, 1:].numel()), accumulate=True)
+    held = heldout_batch(lang, seed, seq_len)
+    return float((counts.argmax(1)[held[:, :-1]] == held[:, 1:]).float().mean())
 
 
 def train_target(lang: Language, seed: int, steps: int = 900, decorrelate: float = 0.0) -> TargetTraining:
