@@ -16,8 +16,8 @@ by a few tokens in a hundred, within the sampling error of a few hundred anchors
 slot 0, boundary 2 against the embedding: 0.027 ahead against a threshold of 0.039 on 768
 anchors of 24 held-out prompts, counted per anchor), but the features a block starts from
 steer every later step too, so the block score separates them (0.020 ahead against 0.016,
-with the test below). The steps of one block share its
-features, so they are one observation, never several: the test below counts anchors.
+with the test below). The steps of one block share its features, so a block is scored once
+(its steps averaged), never as several observations.
 
 The answer is "ambiguous" unless the best candidate beats the runner-up by more than the
 sampling error allows. The two scores are measured on the same anchors, so the evidence is the
@@ -205,15 +205,19 @@ def _hits(draft: Eagle3Draft, prompt: Sequence[int], feats: TargetFeatures,
     _, _, preds = ttt_forward(draft, torch.tensor([list(prompt)], device=device),
                               aux_features(feats, boundaries)[None].to(device, draft.embed_tokens.weight.dtype),
                               labels[None].to(device), steps=steps)
-    first = max(0, score_from - 1)
-    anchors = preds[0].shape[1]  # step 0 has an anchor for every position with a next token
-    hits = torch.zeros(anchors)
-    counts = torch.zeros(anchors)
-    for j, pred in enumerate(preds):
-        valid = pred.shape[1]  # anchors 0..valid-1 have a token at t+j+1
-        hits[:valid] += (draft.to_target_ids(pred[0]).cpu() == labels[1 + j:1 + j + valid]).float()
-        counts[:valid] += 1
-    return (hits / counts)[first:]
+    return _block_scores([draft.to_target_ids(pred[0]).cpu() == labels[1 + j:1 + j + pred.shape[1]]
+                          for j, pred in enumerate(preds)], score_from)
+
+
+def _block_scores(step_hits: Sequence[torch.Tensor], score_from: int) -> torch.Tensor:
+    """Per scored anchor t, the mean over steps of `step_hits[j][t]`; step j's vector covers
+    anchors 0..valid_j-1 (those with a token at t+j+1), and step 0 covers every anchor."""
+    hits = torch.zeros(step_hits[0].numel())
+    counts = torch.zeros(step_hits[0].numel())
+    for hit in step_hits:
+        hits[:hit.numel()] += hit.float()
+        counts[:hit.numel()] += 1
+    return (hits / counts)[max(0, score_from - 1):]
 
 
 def _most_common_label(features: Sequence[TargetFeatures], prompts: Sequence[Sequence[int]],
@@ -228,14 +232,8 @@ def _constant_hits(feats: TargetFeatures, length: int, score_from: int, steps: i
                    token: int) -> torch.Tensor:
     """`_hits` of a guess that is always `token`: the same anchors, steps and labels."""
     labels = feats.logits.argmax(-1)
-    anchors = torch.arange(length - 1)
-    hits = torch.zeros(length - 1)
-    counts = torch.zeros(length - 1)
-    for j in range(steps):
-        valid = anchors < length - 1 - j
-        hits[valid] += (labels[anchors[valid] + 1 + j] == token).float()
-        counts[valid] += 1
-    return (hits / counts)[max(0, score_from - 1):]
+    return _block_scores([labels[1 + j:length] == token for j in range(min(steps, length - 1))],
+                         score_from)
 
 
 def infer_boundaries(draft: Eagle3Draft, prompts: Sequence[Sequence[int]],
