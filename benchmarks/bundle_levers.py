@@ -36,7 +36,7 @@ from harness.golden.builder import (
 )
 from harness.golden.corpus import Language, make_language, sample_batch
 from harness.golden.features import target_features
-from harness.golden.training import regenerate, train_draft, train_target_model
+from harness.golden.training import is_periodic, regenerate, train_draft, train_target_model
 from harness.golden.wirings import SERVED, mean_acceptance_length, per_prompt_acceptance, wirings
 from harness.models.draft import DraftConfig
 from harness.models.target import build_target, decoder_layers, target_config_dict
@@ -118,10 +118,6 @@ def boundary_stats(model: torch.nn.Module, lang: Language, seed: int) -> dict[st
     return out
 
 
-def _periodic(row: list[int], max_period: int = 12) -> bool:
-    return any(all(row[i] == row[i - q] for i in range(q, len(row))) for q in range(1, max_period + 1))
-
-
 @torch.no_grad()
 def continuation_stats(target: torch.nn.Module, lang: Language, seed: int) -> dict[str, float]:
     """Is the target's greedy text degenerate? Distinct-4-gram ratio of the 48 generated
@@ -134,7 +130,7 @@ def continuation_stats(target: torch.nn.Module, lang: Language, seed: int) -> di
     for name, rows in (("greedy", gen), ("language", ref)):
         grams = [len({tuple(r[i:i + 4]) for i in range(len(r) - 3)}) / (len(r) - 3) for r in rows]
         out[f"{name}_distinct4"] = sum(grams) / len(grams)
-        out[f"{name}_periodic"] = sum(_periodic(r[-24:]) for r in rows) / len(rows)
+        out[f"{name}_periodic"] = sum(is_periodic(r[-24:]) for r in rows) / len(rows)
     return out
 
 
