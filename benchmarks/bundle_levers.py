@@ -28,17 +28,16 @@ import torch
 import torch.nn.functional as F
 
 from harness.golden.builder import (
-    DRAFT_VOCAB_SIZE,
     NUM_DRAFT_TOKENS,
     REGEN_PROMPT_LEN,
     draft_data,
     draft_recipes,
+    train_recipe_draft,
 )
 from harness.golden.corpus import Language, make_language, sample_batch
 from harness.golden.features import target_features
-from harness.golden.training import is_periodic, regenerate, train_draft, train_target_model
+from harness.golden.training import is_periodic, regenerate, train_target_model
 from harness.golden.wirings import SERVED, mean_acceptance_length, per_prompt_acceptance, wirings
-from harness.models.draft import DraftConfig
 from harness.models.target import build_target, decoder_layers, target_config_dict
 
 
@@ -167,11 +166,8 @@ def run_lever(lever: Lever, size: Size, drafts: list[str], seed: int = 0,
     result: dict[str, Any] = {"lever": asdict(lever), "size": asdict(size), "target_loss": loss,
                               "target_heldout_acc": acc, "boundaries": stats, "drafts": {}}
     for i, recipe in enumerate(r for r in draft_recipes(n) if r.name in drafts):
-        dcfg = DraftConfig(vocab_size=lang.vocab_size, draft_vocab_size=DRAFT_VOCAB_SIZE,
-                           hidden_size=hidden, target_hidden_size=hidden,
-                           aux_layer_ids=recipe.layer_ids, intermediate_size=256)
-        dt = train_draft(target, dcfg, recipe.boundaries, train_seqs, held_seqs, d2t, t2d,
-                         seed=seed + 100 + i, epochs=size.draft_epochs, score_from=REGEN_PROMPT_LEN)
+        dcfg, dt = train_recipe_draft(target, recipe, seed + 100 + i, size.draft_epochs,
+                                      train_seqs, held_seqs, d2t, t2d)
         rows: dict[str, Any] = {}
         for w in wirings(recipe.boundaries, n, dcfg.num_aux * hidden, hidden):
             if w.name not in (SERVED, "slots_minus_one", "slots_plus_one"):

@@ -27,6 +27,7 @@ from harness.golden.corpus import PAD, make_language, sample_batch
 from harness.golden.features import aux_features, target_features
 from harness.golden.training import (
     TTT_STEPS,
+    DraftTraining,
     TargetTraining,
     bigram_accuracy,
     greedy_loop_fraction,
@@ -236,6 +237,21 @@ def draft_recipes(num_layers: int) -> list[DraftRecipe]:
     ]
 
 
+def train_recipe_draft(target: torch.nn.Module, recipe: DraftRecipe, seed: int, epochs: int,
+                       train_seqs: torch.Tensor, held_seqs: torch.Tensor, d2t: torch.Tensor,
+                       t2d: torch.Tensor) -> tuple[DraftConfig, DraftTraining]:
+    """Train the bundle's draft of `recipe` on `draft_data`'s output: a one-layer EAGLE-3 draft
+    as wide as the target, with the bundle's draft vocabulary, scored on the generated part of
+    the held-out sequences. The benchmarks train theirs through this too, so what they measure
+    is the draft the builder would write."""
+    hidden = target.config.hidden_size
+    cfg = DraftConfig(vocab_size=target.config.vocab_size, draft_vocab_size=DRAFT_VOCAB_SIZE,
+                      hidden_size=hidden, target_hidden_size=hidden,
+                      aux_layer_ids=recipe.layer_ids, intermediate_size=256)
+    return cfg, train_draft(target, cfg, recipe.boundaries, train_seqs, held_seqs, d2t, t2d,
+                            seed=seed, epochs=epochs, score_from=REGEN_PROMPT_LEN)
+
+
 Simulator = Callable[[torch.nn.Module, Eagle3Draft, Sequence[int], Sequence[int], int, int],
                      tuple[list[int], list[int]]]
 
@@ -321,13 +337,10 @@ def _build(out: Path, seed: int, size: BuildSize, log: Callable[[str], None],
         shift_costs: dict[str, float] = {}
         recipes = draft_recipes(num_layers)
         for i, recipe in enumerate(recipes):
-            cfg = DraftConfig(vocab_size=lang.vocab_size, draft_vocab_size=DRAFT_VOCAB_SIZE,
-                              hidden_size=hidden, target_hidden_size=hidden,
-                              aux_layer_ids=recipe.layer_ids, intermediate_size=256)
             log(f"training draft {recipe.name} ids {list(recipe.layer_ids)} "
                 f"(boundaries {list(recipe.boundaries)})")
-            dt = train_draft(target, cfg, recipe.boundaries, train_seqs, held_seqs, d2t, t2d,
-                             seed=seed + 100 + i, epochs=size.draft_epochs, score_from=REGEN_PROMPT_LEN)
+            cfg, dt = train_recipe_draft(target, recipe, seed + 100 + i, size.draft_epochs,
+                                         train_seqs, held_seqs, d2t, t2d)
             folder = f"draft-{recipe.name}"
             dt.draft.save(tmp / folder)
             draft = Eagle3Draft.load(tmp / folder)

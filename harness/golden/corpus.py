@@ -40,10 +40,17 @@ class Language:
     successors: torch.Tensor  # [W, W, branches] next-word ids given (current, previous)
     probs: torch.Tensor  # [branches]
     vocab_size: int
+    # False (the bundle's): the word after the current one depends on (current, previous).
+    # True: on (previous, the one before), so it is fixed before the current word begins
+    # (benchmarks/language_variants.py measures what that does to a draft's TTT profile)
+    lookahead: bool = False
 
 
 def make_language(seed: int, vocab_size: int = 512, num_words: int = 96,
-                  branches: int = 3) -> Language:
+                  branches: int = 3, word_lengths: tuple[int, int] = (2, 5),
+                  lookahead: bool = False) -> Language:
+    """The language of seed `seed`; `num_words` and `word_lengths` (shortest, longest in
+    tokens) are the bundle's by default, other values are for benchmarks/language_variants.py."""
     g = torch.Generator().manual_seed(seed)
     usable = vocab_size - FIRST_WORD_TOKEN
     # Zipf-like token popularity: low ids (after specials) are common.
@@ -51,13 +58,13 @@ def make_language(seed: int, vocab_size: int = 512, num_words: int = 96,
     words: list[list[int]] = []
     prefixes = torch.multinomial(weights, num_words // 3, replacement=False, generator=g)
     for w in range(num_words):
-        length = int(torch.randint(2, 6, (1,), generator=g))
+        length = int(torch.randint(word_lengths[0], word_lengths[1] + 1, (1,), generator=g))
         body = torch.multinomial(weights, length, replacement=True, generator=g) + FIRST_WORD_TOKEN
         body[0] = prefixes[w % len(prefixes)] + FIRST_WORD_TOKEN  # shared first tokens
         words.append(body.tolist())
     successors = torch.randint(0, num_words, (num_words, num_words, branches), generator=g)
     probs = torch.tensor([0.6, 0.25, 0.15][:branches], dtype=torch.float64)
-    return Language(words, successors, probs / probs.sum(), vocab_size)
+    return Language(words, successors, probs / probs.sum(), vocab_size, lookahead)
 
 
 def sample_sequence(lang: Language, length: int, g: torch.Generator) -> list[int]:
@@ -65,6 +72,7 @@ def sample_sequence(lang: Language, length: int, g: torch.Generator) -> list[int
     num_words = len(lang.words)
     prev = int(torch.randint(0, num_words, (1,), generator=g))
     cur = int(torch.randint(0, num_words, (1,), generator=g))
+    before = int(torch.randint(0, num_words, (1,), generator=g)) if lang.lookahead else 0
     out = [BOS]
     history: list[int] = []
     while len(out) < length:
@@ -74,7 +82,10 @@ def sample_sequence(lang: Language, length: int, g: torch.Generator) -> list[int
             out.append(RECALL)
             out.extend(lang.words[history[-3]] + lang.words[history[-2]])
         branch = int(torch.multinomial(lang.probs, 1, generator=g))
-        prev, cur = cur, int(lang.successors[cur, prev, branch])
+        if lang.lookahead:
+            before, prev, cur = prev, cur, int(lang.successors[prev, before, branch])
+        else:
+            prev, cur = cur, int(lang.successors[cur, prev, branch])
     return out[:length]
 
 

@@ -76,6 +76,7 @@ def train_target_model(model: torch.nn.Module, lang: Language, seed: int, steps:
     training-time term only: the saved target stays a plain DeepseekV3ForCausalLM with the
     same config and keys): (final LM loss, held-out next-token accuracy)."""
     g = torch.Generator().manual_seed(seed + 1)
+    device = next(model.parameters()).device  # the CPU for a build; a GPU for benchmarks
     store: list[torch.Tensor] = []
     hooks = _boundary_hooks(model, store) if decorrelate else []
     model.train()
@@ -84,7 +85,7 @@ def train_target_model(model: torch.nn.Module, lang: Language, seed: int, steps:
         opt, lambda s: min(1.0, (s + 1) / 50) * 0.5 * (1 + math.cos(math.pi * s / steps)))
     losses: list[float] = []
     for step in range(steps):
-        x = sample_batch(lang, batch, seq_len, g)
+        x = sample_batch(lang, batch, seq_len, g).to(device)
         store.clear()
         loss = model(input_ids=x, labels=x).loss
         weight = penalty_weight(step, decorrelate, decorrelate_start, decorrelate_ramp)
@@ -99,7 +100,7 @@ def train_target_model(model: torch.nn.Module, lang: Language, seed: int, steps:
         h.remove()
     store.clear()
     model.eval()
-    held = heldout_batch(lang, seed, seq_len)
+    held = heldout_batch(lang, seed, seq_len).to(device)
     with torch.no_grad():
         pred = model(input_ids=held).logits[:, :-1].argmax(-1)
     return sum(losses[-20:]) / 20, float((pred == held[:, 1:]).float().mean())
@@ -162,11 +163,11 @@ def regenerate(target: torch.nn.Module, lang: Language, count: int, prompt_len: 
     """Corpus prompts continued by the target's own greedy decoding: the data the draft is
     trained on, as SpecForge's regenerate step recommends, so training accuracy predicts
     greedy serving acceptance."""
-    prompts = sample_batch(lang, count, prompt_len, g)
+    prompts = sample_batch(lang, count, prompt_len, g).to(next(target.parameters()).device)
     out = target.generate(input_ids=prompts, attention_mask=torch.ones_like(prompts),
                           max_new_tokens=total_len - prompt_len, do_sample=False,
                           min_new_tokens=total_len - prompt_len, pad_token_id=PAD)
-    return out[:, :total_len]
+    return out[:, :total_len].cpu()
 
 
 def vocab_mapping(data: torch.Tensor, draft_vocab_size: int,
@@ -271,13 +272,15 @@ def train_draft(target: torch.nn.Module, cfg: DraftConfig, boundaries: Sequence[
                 t2d: torch.Tensor, seed: int, epochs: int = 4, batch: int = 32,
                 lr: float = 2e-3, score_from: int = 0) -> DraftTraining:
     torch.manual_seed(seed)
-    draft = Eagle3Draft(cfg)
+    device = next(target.parameters()).device  # the draft trains where the target runs
+    draft = Eagle3Draft(cfg).to(device)
     draft.embed_tokens.weight.data.copy_(target.model.embed_tokens.weight.data)
     draft.embed_tokens.weight.requires_grad_(False)  # frozen copy, as SpecForge does
     draft.d2t.copy_(d2t)
     draft.t2d.copy_(t2d)
-    aux, labels = _features(target, train_seqs, boundaries)
-    h_aux, h_labels = _features(target, heldout_seqs, boundaries)
+    aux, labels = (x.to(device) for x in _features(target, train_seqs, boundaries))
+    h_aux, h_labels = (x.to(device) for x in _features(target, heldout_seqs, boundaries))
+    train_seqs, heldout_seqs = train_seqs.to(device), heldout_seqs.to(device)
     params = [p for p in draft.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=lr)
     g = torch.Generator().manual_seed(seed + 7)
