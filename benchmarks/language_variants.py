@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 
+from benchmarks.ttt_profile import step_hits
 from harness.golden.builder import (
     BUILD_SIZES,
     NUM_DRAFT_TOKENS,
@@ -41,14 +42,12 @@ from harness.golden.builder import (
 )
 from harness.golden.bundle import MANIFEST, sha256_file
 from harness.golden.corpus import RECALL, Language, make_language
-from harness.golden.features import aux_features, target_features
 from harness.golden.training import (
     TTT_STEPS,
     bigram_accuracy,
     greedy_loop_fraction,
     regenerate,
     train_target_model,
-    ttt_forward,
 )
 from harness.golden.wirings import SERVED, mean_acceptance_length, per_prompt_acceptance, wirings
 from harness.models.draft import Eagle3Draft
@@ -198,15 +197,8 @@ def accuracy_by_distance(draft: Eagle3Draft, target: torch.nn.Module, seqs: torc
     cells: dict[str, list[list[int]]] = {}
     for row in seqs.tolist():
         index, classes, _ = word_parse(row, lang)
-        feats = target_features(target, row)
-        assert feats.logits is not None
-        labels = feats.logits.argmax(-1)
-        device = next(draft.parameters()).device
-        _, _, preds = ttt_forward(draft, torch.tensor([row], device=device),
-                                  aux_features(feats, boundaries)[None].to(device),
-                                  labels[None].to(device))
-        for j, p in enumerate(preds):
-            hit = (draft.to_target_ids(p[0]).cpu() == labels[1 + j:1 + j + p.shape[1]]).tolist()
+        for j, hits in enumerate(step_hits(draft, target, row, boundaries)):
+            hit = hits.tolist()
             for t, h in enumerate(hit):
                 tok = t + j + 2
                 if tok < REGEN_PROMPT_LEN or tok >= len(row) or index[t] is None:
@@ -249,15 +241,16 @@ def run_variant(v: Variant, drafts: Sequence[str], device: str, seed: int = 0,
     for i, recipe in enumerate(r for r in draft_recipes(n) if r.name in drafts):
         cfg, dt = train_recipe_draft(target, recipe, seed + 100 + i, size.draft_epochs,
                                      train_seqs, held_seqs, d2t, t2d)
+        target.to("cpu")  # nn.Module.to moves in place: the measurements below run on the CPU
+        dt.draft.to("cpu")
         by_distance = accuracy_by_distance(dt.draft, target, held_seqs, recipe.boundaries, lang)
-        cpu_target, cpu_draft = target.to("cpu"), dt.draft.to("cpu")
         rows: dict[str, Any] = {}
         for w in wirings(recipe.boundaries, n, cfg.num_aux * hidden, hidden):
             if w.name in (SERVED, "slots_minus_one", "slots_plus_one"):
-                traces = per_prompt_acceptance(cpu_target, cpu_draft, w, prompts, NUM_DRAFT_TOKENS,
+                traces = per_prompt_acceptance(target, dt.draft, w, prompts, NUM_DRAFT_TOKENS,
                                                size.continuation_len)
                 rows[w.name] = round(mean_acceptance_length(traces), 4)
-        target = cpu_target.to(device)
+        target.to(device)
         served = rows[SERVED]
         result["drafts"][recipe.name] = {
             "acc_k": [round(a, 4) for a in dt.acc_k], "served": served,
