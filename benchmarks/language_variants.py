@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 
+from benchmarks.bundle_levers import boundary_stats
 from benchmarks.ttt_profile import step_hits
 from harness.golden.builder import (
     BUILD_SIZES,
@@ -106,6 +107,11 @@ VARIANTS: dict[str, Variant] = {v.name: v for v in (
     Variant("ahead-w48-w0.1", num_words=48, lookahead=True, decorrelate=0.1, decorrelate_start=25),
     Variant("ahead-w48-w0.2", num_words=48, lookahead=True, decorrelate=0.2, decorrelate_start=25),
     Variant("ahead-w64-w0.1", num_words=64, lookahead=True, decorrelate=0.1, decorrelate_start=25),
+    Variant("ahead-w48-w0.15", num_words=48, lookahead=True, decorrelate=0.15, decorrelate_start=25),
+    Variant("ahead-w48-w0.3", num_words=48, lookahead=True, decorrelate=0.3, decorrelate_start=25),
+    Variant("ahead-w48-w0.1-steps1000", num_words=48, lookahead=True, decorrelate=0.1, decorrelate_start=25,
+            target_steps=1000),
+    Variant("ahead-w32-w0.1", num_words=32, lookahead=True, decorrelate=0.1, decorrelate_start=25),
     Variant("nodecor-steps1500", decorrelate=0.0, target_steps=1500),
     Variant("w0.2", decorrelate=0.2, decorrelate_start=25),
 )}
@@ -227,9 +233,11 @@ def run_variant(v: Variant, drafts: Sequence[str], device: str, seed: int = 0,
         "variant": asdict(v), "device": device, "target_loss": round(loss, 4), "target_acc": round(acc, 4),
         "bigram_acc": round(bigram_accuracy(lang, seed), 4),
         "loop_fraction": greedy_loop_fraction(target, lang, seed, REGEN_PROMPT_LEN),
-        "greedy": greedy_text_stats(target, lang, seed), "drafts": {}}
+        "greedy": greedy_text_stats(target, lang, seed), "seed": seed,
+        "boundaries": boundary_stats(target, lang, seed), "drafts": {}}
     log(f"[{v.name}] target {result['target_loss']} / {result['target_acc']} (bigram "
-        f"{result['bigram_acc']}), loops {result['loop_fraction']:.2f}, greedy {result['greedy']} "
+        f"{result['bigram_acc']}), loops {result['loop_fraction']:.2f}, greedy {result['greedy']}, centred cos "
+        f"{result['boundaries']['cos_centred']} "
         f"({time.time() - t0:.0f}s)")
     if not drafts:
         result["seconds"] = round(time.time() - t0)
@@ -295,15 +303,15 @@ def _schedule(v: dict[str, Any]) -> str:
 
 def table_markdown(results: Sequence[dict[str, Any]]) -> str:
     """One row per (variant, draft): the figures docs/bundle_levers.md reports."""
-    lines = ["| variant | words, lengths, lookahead | steps, penalty (start) | target acc (bigram) | "
+    lines = ["| variant | seed | words, lengths, lookahead | steps, penalty (start) | target acc (bigram) | "
              "follows table | loops | draft | acc_k (TTT 0..6) | served | -1 | +1 |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         v = r["variant"]
         for name, d in r["drafts"].items():
             cost = d["shift_cost"]
             lines.append(
-                f"| {v['name']} | {v['num_words']}, {v['word_lengths'][0]}-{v['word_lengths'][1]}, "
+                f"| {v['name']} | {r.get('seed', 0)} | {v['num_words']}, {v['word_lengths'][0]}-{v['word_lengths'][1]}, "
                 f"{'yes' if v['lookahead'] else 'no'} | {v['target_steps']}, {v['decorrelate']:g} "
                 f"({_schedule(v)}) | "
                 f"{r['target_acc']:.3f} ({r['bigram_acc']:.3f}) | {r['greedy']['follows_table']:.1%} | "

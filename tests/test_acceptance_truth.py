@@ -19,6 +19,8 @@ from typing import Any
 
 import pytest
 
+from harness.paths import default_bundle_path
+
 ROOT = Path(__file__).resolve().parents[1]
 CHECKS = "test_acceptance_meets_training_prediction or test_canary_acceptance"
 PREDICTION = "test_acceptance_meets_training_prediction"
@@ -47,11 +49,36 @@ def _heldout(report: dict[str, Any]) -> dict[str, float]:
             if "heldout_acceptance_length" in m}
 
 
+def _canary_judged(report: dict[str, Any]) -> dict[str, str]:
+    """The canary's status per draft, less the drafts it declined to judge in this dtype. A
+    skip is allowed only as the canary's own dtype skip, and checked to be one: the reference
+    engine's same-dtype acceptance on the canary prompts (which the report records before the
+    skip) is no better than the bundle's best wrong wiring there. Which drafts that hits is the
+    CPU's to say: on final-aux the fp32 gap is 0.47 (4.06 against final_normed's 3.59), and the
+    reference in bf16 served 3.545 on an Intel Xeon with AMX (2026-12-03), above the line on the
+    machines before. At least three drafts must still be judged."""
+    canaries = {d: m["canary"] for d, m in _bundle_drafts().items()}
+    judged = {}
+    for draft, status in _statuses(report, "test_canary_acceptance").items():
+        if status == "skipped":
+            own = report["metrics_by_draft"][draft]["canary_same_dtype_reference"]
+            assert own <= canaries[draft]["best_wrong"], (draft, own, canaries[draft])
+        else:
+            judged[draft] = status
+    assert len(judged) >= 3, report["checks"]
+    return judged
+
+
+@cache
+def _bundle_drafts() -> dict[str, Any]:
+    return json.loads((default_bundle_path() / "manifest.json").read_text())["drafts"]
+
+
 def test_counters_only_reference_passes_in_bf16() -> None:
     report = _report("counters_only_adapters:Reference")
     drafts = set(report["drafts"])
     assert _statuses(report, PREDICTION) == dict.fromkeys(drafts, "passed"), report["checks"]
-    assert _statuses(report, "test_canary_acceptance") == dict.fromkeys(drafts, "passed"), report["checks"]
+    assert set(_canary_judged(report).values()) == {"passed"}, report["checks"]
     assert report["summary"]["verdict"] == "conformant"
 
 
@@ -63,6 +90,6 @@ def test_one_boundary_early_costs_a_quarter_and_fails_through_counters_in_bf16()
     print(f"held-out acceptance in bf16, served {served}, every slot one early {early}, loss {loss}")
     assert sum(v >= 0.25 for v in loss.values()) >= 3, loss
     assert len(failed) >= 3 and all(loss[d] > 0 for d in failed), (failed, loss)
-    # the canary, counters alone: every draft (the mutant moves a slot of each one)
-    assert set(_statuses(bad, "test_canary_acceptance").values()) == {"failed"}, bad["checks"]
+    # the canary, counters alone: every draft it judges in bf16 (the mutant moves a slot of each)
+    assert set(_canary_judged(bad).values()) == {"failed"}, bad["checks"]
     assert bad["summary"]["verdict"] == "nonconformant"

@@ -302,6 +302,25 @@ def test_crash_diagnosis_reads_the_reshape_error() -> None:
     assert crash_diagnosis(_view_error(2, 3), [1, 3, 4], target_hidden=16).kind == "engine_crash"
 
 
+def test_crash_diagnosis_reads_vllms_cpu_gemm_error() -> None:
+    """vLLM 0.32 on a CPU with AMX tiles runs a bf16 fc through its own packed GEMM, whose width
+    check words the mismatch its own way (fed width, then fc's). The message comes from that
+    kernel itself, run here with two slots fed to an fc built for three."""
+    try:
+        from vllm import _custom_ops as ops  # loads vLLM's kernels into torch.ops._C
+    except ImportError as err:
+        pytest.skip(f"vLLM is not installed here ({err}); `pip install -e .[vllm]` runs this")
+    if not torch.cpu._is_amx_tile_supported():
+        pytest.skip("this CPU has no AMX tiles, so vLLM never picks its packed GEMM here")
+    packed = torch.ops._C.convert_weight_packed(torch.zeros(128, 3 * 128, dtype=torch.bfloat16))
+    with pytest.raises(RuntimeError) as err:
+        ops.weight_packed_linear_cpu(torch.zeros(5, 2 * 128, dtype=torch.bfloat16), packed, 128, None)
+    d = crash_diagnosis(f"vLLM failed during capture: RuntimeError: {err.value}", [-1, 3, 5], target_hidden=128)
+    assert d.kind == "embedding_missing" and "ids [-1] match no layer" in d.message, (str(err.value), d.message)
+    assert d.details == {"fed_slots": 2, "fc_slots": 3}
+    assert crash_diagnosis(str(err.value), [1, 3, 4], target_hidden=128).kind == "engine_crash"
+
+
 def test_crash_diagnosis_of_an_unrelated_error() -> None:
     d = crash_diagnosis("CUDA out of memory\nmore", [1, 3, 4], target_hidden=16)
     assert d.kind == "engine_crash" and d.message == "the engine failed serving this draft: CUDA out of memory"

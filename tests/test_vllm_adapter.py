@@ -164,8 +164,10 @@ def test_a_crashing_draft_costs_only_its_own_worker(models: dict) -> None:
     target. Where it fails is the CPU's to say: on the build machine capture itself raised
     ("mat1 and mat2 shapes cannot be multiplied (..x256 and 384x..)"); on an AMD EPYC CI machine
     capture returns the two 128-wide slots (256 wide, as fed) and the first speculative generate
-    raises ("shape '[-1, 384]' is invalid for input of size 1280"). Either way the crash must
-    come, as an EngineCrash, and name the dropped embedding."""
+    raises ("shape '[-1, 384]' is invalid for input of size 1280"); on an Intel Xeon with AMX
+    tiles, where vLLM runs the bf16 fc through its sgl-kernel GEMM, capture raises
+    ("CHECK_EQ(mat1.size(ndim - 1), K) failed. 256 vs 384"). Either way the crash must come, as
+    an EngineCrash, and name the dropped embedding."""
     from harness.diagnosis.crash import crash_diagnosis
     from harness.engines.vllm import EngineCrash
 

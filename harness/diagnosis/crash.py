@@ -17,6 +17,10 @@ _SHAPES = re.compile(r"mat1 and mat2 shapes cannot be multiplied \((\d+)x(\d+) a
 # on the CPU of an AMD EPYC machine, 2026-12-02; the matmul error above on the build machine):
 # the fed width is then not in the message, only that the rows do not divide into fc's width
 _VIEW = re.compile(r"shape '\[-1, (\d+)\]' is invalid for input of size (\d+)")
+# the same mismatch met in vLLM's own CPU GEMM (its sgl-kernel `weight_packed_linear`, which
+# vLLM 0.32 picks for a bf16 fc on a CPU with AMX tiles: an Intel Xeon CI machine, 2026-12-03):
+# fed width, then fc's input width
+_KERNEL = re.compile(r"CHECK_EQ\(mat1\.size\(ndim - 1\), K\) failed\. (\d+) vs (\d+)")
 
 
 def _embedding_ids(engine_convention: str | Convention | None, training_boundaries: Sequence[int] | None,
@@ -49,8 +53,12 @@ def crash_diagnosis(message: str, config_ids: Sequence[int], target_hidden: int,
     fed: int | None = None
     want: int | None = None
     m = _SHAPES.search(message)
-    if m and int(m.group(2)) % target_hidden == 0 and int(m.group(3)) % target_hidden == 0:
-        fed, want = int(m.group(2)) // target_hidden, int(m.group(3)) // target_hidden
+    widths = (int(m.group(2)), int(m.group(3))) if m else None
+    k = None if m else _KERNEL.search(message)
+    if k:
+        m, widths = k, (int(k.group(1)), int(k.group(2)))
+    if widths and widths[0] % target_hidden == 0 and widths[1] % target_hidden == 0:
+        fed, want = widths[0] // target_hidden, widths[1] // target_hidden
     v = None if m else _VIEW.search(message)
     if v and int(v.group(1)) % target_hidden == 0 and int(v.group(2)) % int(v.group(1)) != 0:
         want = int(v.group(1)) // target_hidden  # fed: some other number of slots
