@@ -32,6 +32,7 @@ class _Server:
     parent may call."""
 
     def __init__(self, spec: dict[str, Any]) -> None:
+        _request_amx()
         import vllm
         from vllm import LLM
 
@@ -249,6 +250,21 @@ def _request_metrics(completion: Any) -> dict[str, Any] | None:
         return None
     return {"histogram": list(metrics.histogram), "num_draft_tokens": int(metrics.num_draft_tokens),
             "per_step_accepted": list(metrics.per_step_accepted)}
+
+
+def _request_amx() -> bool:
+    """Ask Linux for the AMX tile state before vLLM runs anything. A process must request it
+    (arch_prctl ARCH_REQ_XCOMP_PERM, which torch's `_init_amx` does) before its first AMX
+    instruction, or the kernel kills it with SIGILL. vLLM 0.32 on a CPU with AMX runs small
+    bf16 GEMMs (a draft's fc, the MoE router) through its own sgl-kernel `weight_packed_linear`,
+    which does not ask: on an Intel Xeon (2026-12-03) every draft of the suite's draft factory
+    (the bundle's drafts with ids rewritten and fc redrawn) died of signal 4 at its first
+    capture, while the bundle's own drafts served (which kernel asked first there was not
+    traced). False where the CPU has no AMX or torch has no such call."""
+    import torch
+
+    init = getattr(getattr(torch._C, "_cpu", None), "_init_amx", None)
+    return bool(init()) if init is not None and torch.cpu._is_amx_tile_supported() else False
 
 
 def serve(conn: Connection) -> None:

@@ -133,20 +133,30 @@ class WorkerHandle:
         deadline = time.monotonic() + timeout
         while not self._conn.poll(1.0):
             if self._proc.poll() is not None:
-                code = self._proc.returncode
-                self.stop()
-                tail = self.log_tail()
-                last = tail.splitlines()[-1].strip() if tail else ""
-                raise WorkerError(f"{self.label} worker died (exit code {code}); its log ends: "
-                                  f"{last}"[:600])
+                raise self._died()
             if time.monotonic() > deadline:
                 self.stop()
                 raise WorkerError(f"{self.label} worker gave no answer in {timeout:.0f}s")
         try:
             return self._conn.recv()
         except EOFError as exc:
-            self.stop()
-            raise WorkerError(f"{self.label} worker closed the pipe") from exc
+            # the pipe's end is often seen before the exit: wait for it, to say how it died
+            try:
+                self._proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.stop()
+                raise WorkerError(f"{self.label} worker closed the pipe and did not exit") from exc
+            raise self._died() from exc
+
+    def _died(self) -> WorkerError:
+        """The error for a worker that exited mid-call: its exit code (a negative one is the
+        signal that killed it) and the last line of its log."""
+        code = self._proc.returncode
+        self.stop()
+        tail = self.log_tail()
+        last = tail.splitlines()[-1].strip() if tail else ""
+        how = f"killed by signal {-code}" if code is not None and code < 0 else f"exit code {code}"
+        return WorkerError(f"{self.label} worker died ({how}); its log ends: {last}"[:600])
 
     def log_tail(self, lines: int = 25) -> str:
         try:
