@@ -24,6 +24,12 @@ CPU the checks measure the EAGLE-3 wiring and not a CPU kernel bug:
   q_pe 3-D (deepseek_v2.py), so the target's output depends on batch layout: speculative
   and plain greedy disagree and batches change tokens. With the native rotary the fp32
   residual stream equals transformers' exactly.
+
+A third, not a switch: on a CPU with AMX tiles the worker asks Linux for the AMX state before
+vLLM starts (`_vllm_worker._request_amx`). vLLM 0.32 runs small bf16 GEMMs there through its
+sgl-kernel `weight_packed_linear`, which executes AMX without asking, and the kernel kills a
+process that has not asked with SIGILL: on an Intel Xeon every draft of the suite's draft
+factory died of it at its first capture.
 """
 
 from __future__ import annotations
