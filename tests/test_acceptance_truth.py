@@ -19,6 +19,8 @@ from typing import Any
 
 import pytest
 
+from harness.assertions import canary_line
+from harness.golden.bundle import load_bundle
 from harness.paths import default_bundle_path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -53,7 +55,7 @@ def _canary_judged(report: dict[str, Any]) -> dict[str, str]:
     """The canary's status per draft, less the drafts it declined to judge in this dtype. A
     skip is allowed only as the canary's own dtype skip, and checked to be one: the reference
     engine's same-dtype acceptance on the canary prompts (which the report records before the
-    skip) is no better than the bundle's best wrong wiring there. Which drafts that hits is the
+    skip) is one from which `canary_line` draws no line, no better than the best wrong wiring. Which drafts that hits is the
     CPU's to say: on final-aux the fp32 gap is 0.47 (4.06 against final_normed's 3.59), and the
     reference in bf16 served 3.545 on an Intel Xeon with AMX (2026-12-03), above the line on the
     machines before. At least three drafts must still be judged."""
@@ -62,7 +64,7 @@ def _canary_judged(report: dict[str, Any]) -> dict[str, str]:
     for draft, status in _statuses(report, "test_canary_acceptance").items():
         if status == "skipped":
             own = report["metrics_by_draft"][draft]["canary_same_dtype_reference"]
-            assert own <= canaries[draft]["best_wrong"], (draft, own, canaries[draft])
+            assert canary_line(canaries[draft], own) is None, (draft, own, canaries[draft])
         else:
             judged[draft] = status
     assert len(judged) >= 3, report["checks"]
@@ -71,7 +73,7 @@ def _canary_judged(report: dict[str, Any]) -> dict[str, str]:
 
 @cache
 def _bundle_drafts() -> dict[str, Any]:
-    return json.loads((default_bundle_path() / "manifest.json").read_text())["drafts"]
+    return load_bundle(default_bundle_path(), verify_hashes=False).manifest["drafts"]
 
 
 def test_counters_only_reference_passes_in_bf16() -> None:

@@ -52,14 +52,15 @@ def crash_diagnosis(message: str, config_ids: Sequence[int], target_hidden: int,
     first = message.strip().splitlines()[0] if message.strip() else "engine failure"
     fed: int | None = None
     want: int | None = None
-    m = _SHAPES.search(message)
-    widths = (int(m.group(2)), int(m.group(3))) if m else None
-    k = None if m else _KERNEL.search(message)
-    if k:
-        m, widths = k, (int(k.group(1)), int(k.group(2)))
+    # (fed width, fc's input width), from whichever wording of the fc width error this is
+    widths: tuple[int, int] | None = None
+    if m := _SHAPES.search(message):
+        widths = (int(m.group(2)), int(m.group(3)))
+    elif k := _KERNEL.search(message):
+        widths = (int(k.group(1)), int(k.group(2)))
     if widths and widths[0] % target_hidden == 0 and widths[1] % target_hidden == 0:
         fed, want = widths[0] // target_hidden, widths[1] // target_hidden
-    v = None if m else _VIEW.search(message)
+    v = None if widths else _VIEW.search(message)
     if v and int(v.group(1)) % target_hidden == 0 and int(v.group(2)) % int(v.group(1)) != 0:
         want = int(v.group(1)) // target_hidden  # fed: some other number of slots
     dropped = [i for i in config_ids if i < 0]
