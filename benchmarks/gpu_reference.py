@@ -18,7 +18,7 @@ from harness.assertions import divergence
 from harness.engines.base import EngineOptions
 from harness.engines.reference import ReferenceEngine
 from harness.golden.bundle import load_bundle
-from harness.golden.corpus import make_language, sample_batch
+from harness.golden.corpus import manifest_language, sample_batch
 from harness.golden.oracle import Oracle
 from harness.paths import default_bundle_path
 
@@ -29,7 +29,7 @@ def prompts_for(oracle: Oracle, count: int) -> list[list[int]]:
     extra = max(0, count - len(out))
     if extra:
         seed = int(oracle.bundle.manifest["seed"])
-        out += sample_batch(make_language(seed), extra, 20, torch.Generator().manual_seed(seed + 99)).tolist()
+        out += sample_batch(manifest_language(oracle.bundle.manifest), extra, 20, torch.Generator().manual_seed(seed + 99)).tolist()
     return out[:count]
 
 

@@ -42,7 +42,7 @@ from harness.golden.builder import (
     train_recipe_draft,
 )
 from harness.golden.bundle import MANIFEST, sha256_file
-from harness.golden.corpus import RECALL, Language, make_language
+from harness.golden.corpus import RECALL, Language, make_language, manifest_language
 from harness.golden.training import (
     TTT_STEPS,
     bigram_accuracy,
@@ -277,7 +277,7 @@ def run_committed(drafts: Sequence[str], log: Callable[[str], None] = print) -> 
     bundle = default_bundle_path()
     manifest = json.loads((bundle / "manifest.json").read_text())
     seed = int(manifest["seed"])
-    lang = make_language(seed)
+    lang = manifest_language(manifest)
     target = load_target(bundle / "target")
     seqs = regenerate(target, lang, 64, REGEN_PROMPT_LEN, 64, torch.Generator().manual_seed(seed + 41))
     result: dict[str, Any] = {"bundle_manifest": sha256_file(bundle / MANIFEST)[:16],

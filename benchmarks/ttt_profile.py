@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from harness.golden.corpus import BOS, RECALL, RECALL_EVERY, Language, make_language
+from harness.golden.corpus import BOS, RECALL, RECALL_EVERY, Language, manifest_language
 from harness.golden.features import aux_features, target_features
 from harness.golden.training import TTT_STEPS, ttt_forward
 from harness.models.draft import Eagle3Draft
@@ -99,7 +99,7 @@ def main() -> None:
             a, b = copyable(seq, held["prompt_len"])
             copy[0] += a
             copy[1] += b
-        lang = make_language(int(manifest["seed"]))
+        lang = manifest_language(manifest)
         g = torch.Generator().manual_seed(12345)
         by_class: dict[str, list[list[int]]] = {}
         lang_copy = [0, 0]

@@ -231,7 +231,8 @@ def cmd_golden_build(a: argparse.Namespace, extra: Sequence[str]) -> int:
                        f"bundle this builder wrote")
     try:
         out = build_bundle(Path(a.out), a.seed, BUILD_SIZES[a.size], threads=a.threads,
-                           target_from=Path(a.target_from) if a.target_from else None)
+                           target_from=Path(a.target_from) if a.target_from else None,
+                           tries=a.tries, device=a.device)
     except ValueError as e:
         raise CliError(str(e).splitlines()[0]) from None
     bundle = _check_bundle(out, ())
@@ -359,6 +360,12 @@ def build_parser() -> argparse.ArgumentParser:
     build.add_argument("--threads", type=int, default=1,
                        help="torch threads; a build reproduces bit for bit only at the same count")
     build.add_argument("--target-from", help="reuse the target/ folder of an earlier build")
+    build.add_argument("--tries", type=int, default=1,
+                       help="seeds to try from --seed on until one makes a usable bundle "
+                            "(about one in four does)")
+    build.add_argument("--device", default="cpu",
+                       help="where the target and drafts train (cpu, cuda); serving is always "
+                            "measured on the CPU")
     build.set_defaults(func=cmd_golden_build)
     diff = gsub.add_parser("diff", help="compare two bundles file by file (exit 1 if they differ)")
     diff.add_argument("first")

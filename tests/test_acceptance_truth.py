@@ -56,9 +56,10 @@ def _canary_judged(report: dict[str, Any]) -> dict[str, str]:
     skip is allowed only as the canary's own dtype skip, and checked to be one: the reference
     engine's same-dtype acceptance on the canary prompts (which the report records before the
     skip) is one from which `canary_line` draws no line, no better than the best wrong wiring. Which drafts that hits is the
-    CPU's to say: on final-aux the fp32 gap is 0.47 (4.06 against final_normed's 3.59), and the
-    reference in bf16 served 3.545 on an Intel Xeon with AMX (2026-12-03), above the line on the
-    machines before. At least three drafts must still be judged."""
+    CPU's to say: on the first rebuild's final-aux the fp32 gap was 0.47 (4.06 against
+    final_normed's 3.59), and the reference in bf16 served 3.545 on an Intel Xeon with AMX, so
+    the canary declined it there; on the committed bundle the narrowest gap is embed-first's
+    0.66 (4.04 against embedding_dropped's 3.39). At least three drafts must still be judged."""
     canaries = {d: m["canary"] for d, m in _bundle_drafts().items()}
     judged = {}
     for draft, status in _statuses(report, "test_canary_acceptance").items():

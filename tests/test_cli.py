@@ -37,6 +37,9 @@ def _one_line_error(capsys: pytest.CaptureFixture[str]) -> str:
     (["golden", "build", "--out", "x", "--threads", "0"], "--threads 0 is not a thread count"),
     (["golden", "build", "--out", "x", "--size", "huge"], "invalid choice: 'huge'"),
     (["golden", "build", "--out", "x", "--target-from", "nowhere"], "nowhere holds no training.json"),
+    (["golden", "build", "--out", "x", "--device", "tpu"], "--device tpu is not a torch device"),
+    (["golden", "build", "--out", "x", "--device", "mps"], "the builder trains on cpu or cuda"),
+    (["golden", "build", "--out", "x", "--tries", "0"], "--tries 0 is not a number of seeds"),
     (["golden", "diff", "nowhere", "golden/tiny-dsv3"], "nowhere"),
 ])
 def test_bad_input_is_one_line_exit_2(argv: list[str], needle: str,
@@ -195,3 +198,13 @@ def test_selftest_does_not_score_a_mutant_whose_bug_is_none_in_the_dtype(
     assert code == 2, out + err
     assert "zoo:aux_rounded_bf16" in out and "not run: not a bug in bfloat16" in out
     assert "no mutant applies in bfloat16" in err
+
+
+def test_golden_build_on_cuda_without_a_gpu_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    """--device cuda where torch sees no GPU is refused before any training."""
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a CUDA device: the refusal cannot be shown here")
+    assert cli.main(["golden", "build", "--out", "x", "--device", "cuda"]) == 2
+    assert "torch sees no CUDA device here; pass --device cpu" in _one_line_error(capsys)

@@ -96,11 +96,29 @@ def _heldout_file(tmp_path: Path) -> Path:
     return path
 
 
-def _doctor_on_text(tmp_path: Path, draft: Path, convention: str, capsys) -> tuple[int, str, dict]:
+def _language_file(tmp_path: Path, count: int = 96) -> Path:
+    """`count` fresh prompts of the bundle's language (the manifest's), 24 tokens each: a
+    larger sample of the drafts' training text, for a draft whose weights the 24 held-out
+    prompts leave ambiguous (embed-first: tests/test_weight_inference.py)."""
+    import torch
+
+    from harness.golden.bundle import load_bundle
+    from harness.golden.corpus import manifest_language, sample_batch
+
+    manifest = load_bundle(BUNDLE, verify_hashes=False).manifest
+    rows = sample_batch(manifest_language(manifest), count, 24,
+                        torch.Generator().manual_seed(int(manifest["seed"]) + 51)).tolist()
+    path = tmp_path / f"language-{count}.json"
+    path.write_text(json.dumps(rows))
+    return path
+
+
+def _doctor_on_text(tmp_path: Path, draft: Path, convention: str, capsys,
+                    prompts: Path | None = None) -> tuple[int, str, dict]:
     out = tmp_path / "report-text"
     code = main(["doctor", "--target", str(BUNDLE / "target"), "--draft", str(draft), "--engine",
                  "reference", "--convention", convention, "--report-dir", str(out),
-                 "--prompts", str(_heldout_file(tmp_path))])
+                 "--prompts", str(prompts or _heldout_file(tmp_path))])
     text = capsys.readouterr().out
     print(text)
     return code, text, json.loads((out / "report.json").read_text())
@@ -122,16 +140,18 @@ def test_shifted_ids_named_from_the_weights(tmp_path: Path, capsys) -> None:
 
 @pytest.mark.slow
 def test_the_motivating_case_names_the_embedding_from_the_weights(tmp_path: Path, capsys) -> None:
-    """embed-first's config rewritten as [1, 3, 5] without the embedding: the weights say
-    [0, 4, 6], the doctor names the embedding and the ids that feed it ([-1, 3, 5] under
-    "-1 = embedding"), verified; under SpecForge HEAD's rule no id list can, and it says so."""
+    """embed-first's config rewritten as [1, 3, 5] without the embedding: on 96 prompts of the
+    language the weights say [0, 4, 6], the doctor names the embedding and the ids that feed it
+    ([-1, 3, 5] under "-1 = embedding"), verified; under SpecForge HEAD's rule no id list can,
+    and it says so."""
     draft = _draft(tmp_path, "embed-first", [1, 3, 5])
-    code, text, report = _doctor_on_text(tmp_path, draft, "embedding-minus-one", capsys)
+    text96 = _language_file(tmp_path)
+    code, text, report = _doctor_on_text(tmp_path, draft, "embedding-minus-one", capsys, text96)
     doc = report["doctor"]
     assert doc["trained_source"] == "inferred from the weights" and doc["trained_boundaries"] == [0, 4, 6]
     assert code == 1 and report["diagnoses"][0]["kind"] == "embedding_missing" and "embedding" in text
     assert doc["fix_verified"] and "ids [-1, 3, 5]" in text and "fix verified" in text
-    code, text, report = _doctor_on_text(tmp_path, draft, "specforge", capsys)
+    code, text, report = _doctor_on_text(tmp_path, draft, "specforge", capsys, text96)
     assert code == 1 and report["diagnoses"][0]["kind"] == "embedding_missing"
     assert "fix: no id list to re-serve" in text and not report["doctor"]["fix_verified"]
 

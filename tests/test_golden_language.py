@@ -10,8 +10,15 @@ import torch
 from safetensors.torch import load_file
 
 from benchmarks.language_variants import text_stats, word_parse
-from harness.golden.builder import _pinned_prompts
-from harness.golden.corpus import RECALL, make_language, sample_batch
+from harness.golden.builder import GOLDEN_LANGUAGE, _pinned_prompts, golden_language
+from harness.golden.bundle import load_bundle
+from harness.golden.corpus import (
+    RECALL,
+    language_record,
+    make_language,
+    manifest_language,
+    sample_batch,
+)
 from harness.paths import default_bundle_path
 
 
@@ -21,17 +28,25 @@ def _deterministic(lang):
 
 
 def test_bundle_language_is_the_one_the_bundle_was_built_on() -> None:
-    """The default language regenerates the committed bundle's pinned prompts exactly, so the
-    options added for the benchmarks (lexicon size, word lengths, lookahead) left it alone. A
-    changed default would fail here before it silently made a rebuild differ."""
-    bundle = default_bundle_path()
-    tensors = load_file(str(bundle / "tensors.safetensors"))
+    """The language the manifest records regenerates the committed bundle's pinned prompts
+    exactly, and it is the builder's: a reader that samples prompts like the bundle's
+    (`manifest_language`) gets the language the target learned, and a changed
+    `GOLDEN_LANGUAGE` or `make_language` would fail here before it silently made a rebuild
+    differ. The first language (96 words, no lookahead) gives other prompts, so the check
+    can fail."""
+    bundle = load_bundle(default_bundle_path(), verify_hashes=False)
+    tensors = load_file(str(bundle.path / "tensors.safetensors"))
     lengths = tensors["prompts.lengths"].tolist()
-    seed = 0
-    pinned = _pinned_prompts(make_language(seed), seed, len(lengths))
+    seed = int(bundle.manifest["seed"])
+    assert bundle.manifest["language"] == language_record(golden_language(seed))
+    assert {k: bundle.manifest["language"][k] for k in GOLDEN_LANGUAGE} == {
+        k: list(v) if isinstance(v, tuple) else v for k, v in GOLDEN_LANGUAGE.items()}
+    pinned = _pinned_prompts(manifest_language(bundle.manifest), seed, len(lengths))
     assert [len(p) for p in pinned] == lengths
     for row, prompt in zip(tensors["prompts.ids"].tolist(), pinned, strict=True):
         assert row[:len(prompt)] == prompt
+    legacy = _pinned_prompts(make_language(seed), seed, len(lengths))
+    assert any(row[:len(p)] != p for row, p in zip(tensors["prompts.ids"].tolist(), legacy, strict=True))
 
 
 def test_word_parse_on_language_samples_and_on_junk() -> None:

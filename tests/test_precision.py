@@ -2,12 +2,11 @@
 wiring bug.
 
 The pinned prompts are hard cases for any fixed per-token bound: each holds a token whose bf16
-error on the CPU is beyond 5e-2 (0.27 to 2.1 here), found on the committed bundle by
+error on the CPU is beyond 5e-2 (0.35 to 1.37 here), found on the committed bundle by
 `benchmarks/false_alarms.py --dtype bfloat16 --prompts 120` (its `hard_cases`: prompts the
-judgement passes whose worst token is beyond the fixed bound; the decorrelated target's layers
-partly cancel their input, which amplifies bf16 error). [251] carries its bf16 error at token 0
-from boundary 2 on (a layer-1 divergence, the kind a routing near-tie makes), and
-[251, 133, 464] carries it into the next tokens.
+judgement passes whose worst token is beyond the fixed bound, two per draft, distinct;
+docs/figures/cpu_seed14_false_alarms_bf16.json; the decorrelated target's layers partly cancel
+their input, which amplifies bf16 error).
 """
 
 from __future__ import annotations
@@ -34,14 +33,16 @@ from harness.paths import default_bundle_path
 from harness.tolerances import tolerance_for
 
 FALSE_ALARMS = [
-    ("specforge-default", [251]),
-    ("specforge-default", [251, 133, 464]),
-    ("embed-first", [376, 115, 410, 103, 227, 484, 107, 303, 366, 28, 466, 201, 20, 122, 327, 46, 448, 98,
-                     189, 32, 383, 329, 349, 91, 122]),
-    ("embed-first", [59, 454, 33, 315, 361, 242, 317, 326, 481, 175, 336, 66, 499, 352, 368, 321, 154, 406,
-                     437, 68, 493, 469, 201, 412, 153, 472, 384, 449, 493, 351, 506, 417]),
-    ("final-aux", [270, 418, 123, 437, 113, 461, 350, 304, 425, 489, 217, 299, 143, 233, 255, 341, 331, 361]),
-    ("final-aux", [36, 416, 46, 104, 386, 116]),
+    ("specforge-default", [99, 283, 496, 327, 504, 45, 431, 374, 69, 508, 10, 208, 489, 350, 216, 164, 4, 112, 10, 370,
+                     389, 4, 504, 424, 348, 273, 316]),
+    ("specforge-default", [37, 423, 34, 179, 500, 342, 219, 72, 459, 475, 113, 232, 225, 75, 186, 162, 93, 335, 171, 375,
+                     508]),
+    ("embed-first", [223, 354, 216, 18, 257, 473, 445, 495, 169, 372, 132, 43, 183, 39, 65, 186, 357, 18, 179, 181,
+                     94, 8, 428, 501, 121, 422, 190, 39, 308]),
+    ("embed-first", [218, 156, 284, 216, 382, 477, 75, 305, 219]),
+    ("final-aux", [483, 293, 468, 437, 24, 436, 386, 495, 362, 314, 338, 256, 367, 332, 465, 237, 330, 225, 193,
+                     449, 278, 94, 109, 195]),
+    ("final-aux", [496, 412, 311, 283, 303, 150, 230, 49, 308, 411, 200, 165, 297, 126]),
 ]
 LONG = 24  # tokens of the prompt the synthetic wiring bugs are built on
 
@@ -134,15 +135,17 @@ def test_precision_ambiguity_is_reported_as_ambiguous_not_as_a_bug() -> None:
 
 
 def test_the_noise_floor_is_the_same_dtype_reference() -> None:
+    """The floor is the same-dtype reference computed, not assumed: fp32 asks for the golden
+    features themselves; in bf16 the embedding only rounds (within one bf16 unit) while the
+    deeper boundaries of the hardest pinned prompt move beyond the fixed 5e-2, which is why
+    a fixed bound would fail the control there."""
     o = _oracle()
-    p = [251, 133, 464]
+    p = FALSE_ALARMS[0][1]
     assert o.reference_features(p, "float32", "cpu") is o.features(p)
     low = o.reference_features(p, "bfloat16", "cpu")
     err = (low.boundaries - o.features(p).boundaries).norm(dim=-1) / o.features(p).boundaries.norm(dim=-1)
-    # computed, not assumed: the embedding only rounds to bf16, and the layer-1 divergence of
-    # [251] is in the floor from boundary 2 on (which is why [251] passes)
     assert 0 < float(err[0].max()) <= tolerance_for("bfloat16").unit
-    assert float(err[2:, 0].min()) > tolerance_for("bfloat16").rtol
+    assert float(err[1:].max()) > tolerance_for("bfloat16").rtol
 
 
 def test_missing_noise_floor_is_a_clear_error() -> None:

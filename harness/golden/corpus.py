@@ -14,7 +14,13 @@ Sentences are chains of multi-token "words" from a fixed lexicon, mixed with rec
   then a copy of the two words before the trigger (induction over a variable-length span:
   where the copy starts is known only once the words are segmented).
 
-The old language's successor depended on the current word and the parity of the previous one
+With `lookahead` (the committed bundle's, 48 words: `builder.GOLDEN_LANGUAGE`) the next word
+depends on the previous word and the one before it instead, so it is fixed before the current
+word begins: a target that segments and looks back has it in its deep features at every token
+of the current word, a draft that reads those features can predict across the word boundary,
+and one fed other layers cannot (docs/bundle_levers.md has the measurements).
+
+The first language's successor depended on the current word and the parity of the previous one
 (192 contexts): a draft learned the table from the embeddings and predicted ~0.97 of the
 target's greedy tokens at every TTT step whatever features it was fed (issue #10).
 
@@ -24,7 +30,9 @@ tokens.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -40,10 +48,12 @@ class Language:
     successors: torch.Tensor  # [W, W, branches] next-word ids given (current, previous)
     probs: torch.Tensor  # [branches]
     vocab_size: int
-    # False (the bundle's): the word after the current one depends on (current, previous).
-    # True: on (previous, the one before), so it is fixed before the current word begins
-    # (benchmarks/language_variants.py measures what that does to a draft's TTT profile)
+    # False (the bundle before issue #10's rebuild): the word after the current one depends on
+    # (current, previous). True (the bundle's, `builder.GOLDEN_LANGUAGE`): on (previous, the one
+    # before), so the target can plan it before the current word begins, and a draft that
+    # reads the target's deep features gets it from them (docs/bundle_levers.md measures it)
     lookahead: bool = False
+    word_lengths: tuple[int, int] = (2, 5)  # shortest, longest word in tokens, as asked for
 
 
 def make_language(seed: int, vocab_size: int = 512, num_words: int = 96,
@@ -64,7 +74,33 @@ def make_language(seed: int, vocab_size: int = 512, num_words: int = 96,
         words.append(body.tolist())
     successors = torch.randint(0, num_words, (num_words, num_words, branches), generator=g)
     probs = torch.tensor([0.6, 0.25, 0.15][:branches], dtype=torch.float64)
-    return Language(words, successors, probs / probs.sum(), vocab_size, lookahead)
+    return Language(words, successors, probs / probs.sum(), vocab_size, lookahead,
+                    (word_lengths[0], word_lengths[1]))
+
+
+# What a bundle manifest without a "language" record was built on: the language before issue
+# #10's rebuild (96 words, the next word keyed on the current and the previous one).
+LEGACY_LANGUAGE: dict[str, Any] = {"num_words": 96, "word_lengths": [2, 5], "lookahead": False}
+
+
+def language_record(lang: Language) -> dict[str, Any]:
+    """What a manifest records of `lang` beside its seed, so that every reader of the bundle
+    rebuilds the language its target was trained on (`manifest_language`)."""
+    return {"num_words": len(lang.words), "word_lengths": list(lang.word_lengths),
+            "lookahead": lang.lookahead, "vocab_size": lang.vocab_size,
+            "branches": int(lang.probs.numel())}
+
+
+def manifest_language(manifest: Mapping[str, Any]) -> Language:
+    """The language a bundle was built on, from its manifest's seed and "language" record
+    (`LEGACY_LANGUAGE` where it has none). Tests and benchmarks that sample prompts like the
+    bundle's call this instead of `make_language(seed)`, which would silently give them
+    another language than the target learned."""
+    spec = {**LEGACY_LANGUAGE, **manifest.get("language", {})}
+    return make_language(int(manifest["seed"]), vocab_size=int(spec.get("vocab_size", 512)),
+                         num_words=int(spec["num_words"]), branches=int(spec.get("branches", 3)),
+                         word_lengths=(int(spec["word_lengths"][0]), int(spec["word_lengths"][1])),
+                         lookahead=bool(spec["lookahead"]))
 
 
 def sample_sequence(lang: Language, length: int, g: torch.Generator) -> list[int]:

@@ -125,8 +125,9 @@ def bigram_accuracy(lang: Language, seed: int, seq_len: int = 64, fit_sequences:
 
 
 def train_target(lang: Language, seed: int, steps: int = 900, decorrelate: float = 0.0,
-                 decorrelate_start: int = 0, decorrelate_ramp: int = 0) -> TargetTraining:
-    model = build_target(target_config_dict(vocab_size=lang.vocab_size), seed)
+                 decorrelate_start: int = 0, decorrelate_ramp: int = 0,
+                 device: str | torch.device = "cpu") -> TargetTraining:
+    model = build_target(target_config_dict(vocab_size=lang.vocab_size), seed).to(device)
     loss, acc = train_target_model(model, lang, seed, steps, decorrelate=decorrelate,
                                    decorrelate_start=decorrelate_start,
                                    decorrelate_ramp=decorrelate_ramp)
