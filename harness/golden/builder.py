@@ -324,12 +324,12 @@ def build_bundle(out: str | Path, seed: int = 0, size: BuildSize = BUILD_SIZES["
         raise ValueError("--target-from reuses one seed's target; drop --tries")
     before = torch.get_num_threads()
     deterministic = torch.are_deterministic_algorithms_enabled()
-    _deterministic_device(device)  # a bad --device is refused before any training
+    dev = _deterministic_device(device)  # a bad --device is refused before any training
     refused: list[str] = []
     try:
         for s in range(seed, seed + tries):
             try:
-                return _build(Path(out), s, size, log, target_from, threads, device)
+                return _build(Path(out), s, size, log, target_from, threads, dev)
             except UnusableBuild as e:
                 if tries == 1:
                     raise
@@ -366,9 +366,8 @@ def _device_name(dev: torch.device) -> str:
 
 
 def _build(out: Path, seed: int, size: BuildSize, log: Callable[[str], None],
-           target_from: Path | None, threads: int, device: str = "cpu") -> Path:
+           target_from: Path | None, threads: int, dev: torch.device) -> Path:
     target_steps = size.target_steps
-    dev = _deterministic_device(device)
     torch.set_num_threads(threads)
     torch.manual_seed(seed)
     lang = golden_language(seed)
