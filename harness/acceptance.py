@@ -54,15 +54,15 @@ def explain_shortfall(engine: Engine, oracle: Oracle, draft: str, generation: Ge
     capture = engine.capture(prompts) if Capability.CAPTURE in engine.capabilities else None
     if capture is not None:
         # judged as the capture check judges it (in reduced precision: identity and the
-        # same-dtype noise floor), so precision noise is never blamed for the shortfall
-        dtype, device = engine.options.dtype, engine.options.device
+        # precision envelope), so precision noise is never blamed for the shortfall
+        dtype = engine.options.dtype
         try:
             assert_capture_matches(
                 features=capture.features, golden=[oracle.features(p) for p in prompts],
                 training_boundaries=spec.boundaries, dtype=dtype, engine_name=engine.name,
                 engine_convention=engine.convention, config_ids=spec.layer_ids, draft=draft,
                 prompts=prompts, check="explain_shortfall",
-                noise=None if tol.strict else [oracle.reference_features(p, dtype, device) for p in prompts])
+                envelopes=None if tol.strict else [oracle.envelope(p, dtype) for p in prompts])
         except ConformanceFailure as failed:
             if failed.diagnoses:
                 return failed.diagnoses[0]
@@ -76,7 +76,7 @@ def explain_shortfall(engine: Engine, oracle: Oracle, draft: str, generation: Ge
     if capture is not None and capture.fc_out is not None:
         expected = [oracle.fc(draft, f) for f in capture.features]
         allow = None if tol.strict else fc_allowances(
-            expected, [oracle.reference_fc(draft, f, engine.options.dtype, engine.options.device)
+            expected, [oracle.reference_fc(draft, f, engine.options.dtype)
                        for f in capture.features], engine.options.dtype)
         verdict = judge_fc(capture.fc_out, capture.features, expected, rtol,
                            draft_hidden=draft_model.cfg.hidden_size,

@@ -120,6 +120,7 @@ def run_doctor(target: Path, draft: Path, engine_name: str, convention: str | No
     from harness.config_schema import target_config_problems
     from harness.diagnosis.crash import crash_diagnosis
     from harness.engines.base import EngineOptions
+    from harness.golden.envelope import EnvelopeBuilder
     from harness.golden.features import target_features
     from harness.lint import lint_draft
     from harness.models.draft import Eagle3Draft
@@ -191,21 +192,21 @@ def run_doctor(target: Path, draft: Path, engine_name: str, convention: str | No
                             training_convention=convention)
     engine_conv = engine_cls.convention or convention
     # the suite's own judgement, for the capture and for the re-served fix alike: fp32 strict;
-    # reduced precision against the noise floor of the target itself in the engine's dtype on
-    # its device (a fixed rtol cries wolf there: the decorrelated bundle target's layers partly
+    # reduced precision against the precision envelope of the target itself in the engine's
+    # dtype (a fixed rtol cries wolf there: the decorrelated bundle target's layers partly
     # cancel their input, and a verified fix would read as "fix fails")
-    noise = None
+    envelopes = None
     if not tolerance_for(options.dtype).strict:
-        low = load_target(target, getattr(torch, options.dtype), device)
-        noise = [target_features(low, p) for p in prompts]
-        del low
+        builder = EnvelopeBuilder(target, model)
+        envelopes = [builder.envelope(p, options.dtype) for p in prompts]
+        del builder
 
     def judge(captured: Sequence[torch.Tensor], config_ids: Sequence[int], check: str) -> Any:
         try:
             return assert_capture_matches(
                 features=captured, golden=feats, training_boundaries=trained, dtype=options.dtype,
                 engine_name=engine_name, engine_convention=engine_conv, config_ids=config_ids,
-                draft=draft.name, prompts=prompts, check=check, noise=noise)
+                draft=draft.name, prompts=prompts, check=check, envelopes=envelopes)
         except ConformanceFailure as failure:
             return failure.diagnoses[0]
 

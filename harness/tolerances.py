@@ -27,8 +27,9 @@ class Tolerance:
     fp32 is judged strictly (`noise_factor == 0`): every token within `rtol` of the fp32
     reference. A reduced dtype is judged by what a wiring bug is, not by a per-token error
     bound that precision noise crosses: each token is identified among the golden states
-    (`separation`), and its error is measured against the noise floor of the reference
-    computation in the same dtype on the same device (`noise_factor`)."""
+    (`separation`), and its error is measured against the precision envelope: the largest
+    error any of several correct implementations of the training computation makes in that
+    dtype (`noise_factor`; harness/golden/envelope.py)."""
 
     rtol: float  # fp32: per-token bound; reduced: the diagnosis' "matches within tolerance" label
     unit: float  # unit roundoff of the dtype (rounding a logit costs up to unit * |logit|)
@@ -83,12 +84,20 @@ REASONS: dict[str, str] = {
         "it by at most unit * |value|; bounds the logit noise a near-tie may be flipped by "
         "even where the same-dtype reference happens to round exactly"),
     "noise_factor": (
-        "an engine's per-token error is judged against the same-dtype, same-device "
-        "reference's error at that token and slot (and that slot's median, whichever is "
-        "larger): two computations in one dtype carry rounding of the same size but not the "
-        "same rounding, and independent errors of equal size differ by up to their sum, so "
-        "twice the reference's error; beyond it a token must still be identified (separation). "
-        "fp32 has no noise floor: 0 means strict"),
+        "an engine's per-token error is judged against the precision envelope at that token and "
+        "slot (and that slot's median, whichever is larger): the largest error any correct "
+        "implementation of the training computation in the engine's dtype makes there "
+        "(harness/models/variants.py: transformers' kernels, eager attention, three MoE expert "
+        "summation orders, RMSNorm accumulated in the dtype, an fp32 residual stream, the "
+        "router in the dtype, split-K GEMMs with reduced-precision reduction, all the lossy "
+        "choices at once; on the CPU and, where present, the GPU). An engine is one more "
+        "correct implementation: its rounding is of the members' size but not their rounding, "
+        "and independent errors of equal size differ by up to their sum, so twice the "
+        "envelope; beyond it a token must still be identified (separation). A slot drifts when "
+        "its median error exceeds twice the envelope's median. The same factor doubles the "
+        "members' largest router-score move for a routing near-tie. Never fitted to one "
+        "engine: a leave-one-out run (benchmarks/false_alarms.py --leave-one-out) judges each "
+        "member against the envelope of the others. fp32 has no envelope: 0 means strict"),
     "separation": (
         "a token is identified as the golden state it is nearest to when every other candidate "
         "(boundary, post-norm state, MLP output without residual) is at least this many times "

@@ -44,7 +44,7 @@ def test_capture_batch_invariant(engine: Engine, oracle: Oracle, draft_name: str
     if inside.shape == alone.shape:
         bad, total, worst, bound = batch_leaks(
             inside, alone, dtype=dtype, golden=None if tol.strict else oracle.features(probe),
-            noise=None if tol.strict else oracle.reference_features(probe, dtype, engine.options.device))
+            envelope=None if tol.strict else oracle.envelope(probe, dtype))
     if inside.shape != alone.shape or bad:
         # the evidence for the cause: every member of the batch captured alone and in it
         together = engine.capture(batch).features

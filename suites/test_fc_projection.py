@@ -33,5 +33,5 @@ def test_fc_output_matches_training(engine: Engine, oracle: Oracle, draft_name: 
                       norm_before_fc=draft.cfg.norm_before_fc, fc_norm=draft.cfg.fc_norm,
                       engine_name=engine.name, draft=draft_name, prompts=batch,
                       same_dtype=None if tolerance_for(engine.options.dtype).strict else
-                      [oracle.reference_fc(draft_name, f, engine.options.dtype, engine.options.device)
+                      [oracle.reference_fc(draft_name, f, engine.options.dtype)
                        for f in capture.features])

@@ -188,20 +188,19 @@ def test_a_crashing_draft_costs_only_its_own_worker(models: dict) -> None:
 
 class _TinyOracle:
     """The training reference of this module's target for the decode-input judgement: fp32
-    features of any sequence, and the same target in bf16 for the noise floor."""
+    features of any sequence, and the same checkpoint's precision envelope."""
 
-    def __init__(self, target: torch.nn.Module) -> None:
-        self.target, self.low = target, None
+    def __init__(self, target: torch.nn.Module, target_dir: Path) -> None:
+        from harness.golden.envelope import EnvelopeBuilder
+
+        self.target = target
+        self.envelopes = EnvelopeBuilder(target_dir, target)
 
     def features(self, seq):
         return target_features(self.target, list(seq))
 
-    def reference_features(self, seq, dtype: str, device: str):
-        if self.low is None:
-            import copy
-
-            self.low = copy.deepcopy(self.target).to(getattr(torch, dtype))
-        return target_features(self.low, list(seq))
+    def envelope(self, seq, dtype: str):
+        return self.envelopes.envelope(list(seq), dtype)
 
 
 def test_decode_inputs_are_the_drafters_feeds_in_place(engine, models: dict) -> None:
@@ -218,7 +217,8 @@ def test_decode_inputs_are_the_drafters_feeds_in_place(engine, models: dict) -> 
         assert all(len(f.step_positions) == K - 1 for f in feeds[:-1])
     assert any(len(f.positions) > 1 for feeds in decode.feeds for f in feeds[1:]), \
         "the constant drafter's drafts are accepted, so some re-feed holds several rows"
-    assert_decode_inputs_match(decode=decode, oracle=_TinyOracle(models["target"]), prompts=prompts,
+    assert_decode_inputs_match(decode=decode, oracle=_TinyOracle(models["target"], models["root"] / "target"),
+                               prompts=prompts,
                                training_boundaries=list(AUX_IDS), dtype="bfloat16", device="cpu",
                                engine_name="vllm", engine_convention="vllm", config_ids=list(AUX_IDS),
                                draft="draft", check="test_decode_inputs_are_the_drafters_feeds_in_place")

@@ -1,5 +1,5 @@
 """Pass/fail of the aux states an engine hands the draft: per token against the fp32
-training boundaries (fp32), by identity against the noise floor (reduced precision), and a
+training boundaries (fp32), by identity against the precision envelope (reduced precision), and a
 prompt's capture inside a batch against its capture alone.
 """
 
@@ -18,6 +18,7 @@ from harness.diagnosis.fingerprint import relative_errors
 from harness.diagnosis.identity import WRONG, classify_capture, classify_tokens, noise_allowance
 from harness.diagnosis.record import Diagnosis
 from harness.finite import assert_finite
+from harness.golden.envelope import Envelope
 from harness.golden.features import TargetFeatures
 from harness.tolerances import tolerance_for, tolerance_text
 
@@ -46,7 +47,7 @@ def assert_capture_matches(*, features: Sequence[torch.Tensor], golden: Sequence
                            engine_name: str, engine_convention: str | None,
                            config_ids: Sequence[int], draft: str,
                            prompts: Sequence[Sequence[int]], check: str,
-                           noise: Sequence[TargetFeatures] | None = None,
+                           envelopes: Sequence[Envelope] | None = None,
                            alone: Callable[[Sequence[Sequence[int]]], Sequence[torch.Tensor]] | None = None,
                            context: Callable[[], tuple[Sequence[Sequence[int]], Sequence[torch.Tensor],
                                                        Sequence[TargetFeatures]]] | None = None,
@@ -55,10 +56,10 @@ def assert_capture_matches(*, features: Sequence[torch.Tensor], golden: Sequence
 
     fp32: every token within the strict bound. Reduced precision: no token may be what a
     wiring bug leaves (another golden state, zeros, a state no nearer its boundary than zero),
-    and no slot's median error may exceed the noise floor; `noise` (required there) holds per
-    prompt the features of the reference computation in the engine's dtype on its device
-    (`Oracle.reference_features`). Tokens precision makes ambiguous pass and are reported in
-    the returned diagnosis' details["precision"].
+    and no slot's median error may exceed the envelope's; `envelopes` (required there) holds
+    per prompt the precision envelope, the prompt computed by correct implementations in the
+    engine's dtype (`Oracle.envelope`). Tokens precision makes ambiguous, and routing near-ties,
+    pass and are reported in the returned diagnosis' details["precision"].
 
     Only for the diagnosis, never for pass/fail, and asked for only on a mismatch: `context`,
     more prompts with the engine's and the golden features, so that a shrunk one-token example
@@ -73,11 +74,11 @@ def assert_capture_matches(*, features: Sequence[torch.Tensor], golden: Sequence
     tol = tolerance_for(dtype)
     found = None
     if not tol.strict:
-        if noise is None:
-            raise ValueError(f"judging {dtype} capture needs the {dtype} reference's features of "
-                             f"the same prompts (Oracle.reference_features); pass noise=")
+        if envelopes is None:
+            raise ValueError(f"judging {dtype} capture needs the {dtype} precision envelope of "
+                             f"the same prompts (Oracle.envelope); pass envelopes=")
         if widths == {expected_width}:
-            found = classify_capture(features, golden, training_boundaries, noise,
+            found = classify_capture(features, golden, training_boundaries, envelopes,
                                      noise_factor=tol.noise_factor, separation=tol.separation,
                                      floor=tolerance_for("float32").rtol)
     # the reduced-precision judgement failed a capture whose labels may all be as trained: the
@@ -116,16 +117,18 @@ def assert_capture_matches(*, features: Sequence[torch.Tensor], golden: Sequence
         return replace(diag, kind="ok", message=(
             f"all {len(training_boundaries)} slots are the training boundaries "
             f"{list(training_boundaries)} at {dtype}: {found.counts['exact']}/{found.tokens} "
-            f"slot-tokens within the noise floor, {found.counts['precision_outlier']} precision "
+            f"slot-tokens within the precision envelope, {found.counts['precision_outlier']} precision "
             f"outliers identified as their own boundary, {found.counts['ambiguous']} ambiguous "
-            f"(the {dtype} reference itself cannot be told apart there)."))
+            f"(a correct {dtype} implementation itself cannot be told apart there), "
+            f"{found.counts['routing_tie']} at MoE routing near-ties (neither evidence of a bug "
+            f"nor of the wiring)."))
     if diag.kind == "ok":
         # no known class fits at this dtype's tolerance: say what was seen, never a class by
         # elimination (issue #13)
         seen = seen_per_slot(features, golden, training_boundaries, tol.rtol)
         diag = replace(diag, kind="unrecognised", message=(
             "every slot is nearest its training boundary, yet some slot's typical error exceeds "
-            f"the {dtype} noise floor: no known class fits (a wrong norm, scale or dtype cast "
+            f"the {dtype} precision envelope: no known class fits (a wrong norm, scale or dtype cast "
             "moves every token a little). Seen per slot: " + "; ".join(
                 f"slot {d['slot']} (training b={d['expected']}) nearest "
                 + ", ".join(f"{c['state']} at {c['median_rel_error']:.3g}" for c in d["nearest"])
@@ -136,8 +139,9 @@ def assert_capture_matches(*, features: Sequence[torch.Tensor], golden: Sequence
         drift = "; ".join(f"slot {s} median error {m:.3g} > {a:.3g}" for s, m, a in found.drift)
         fail(f"aux features are not the training boundaries on {len(found.wrong)}/{found.tokens} "
              f"slot-tokens" + (f" ({shown})" if shown else "")
-             + (f"; drifting beyond the {dtype} noise floor: {drift}" if drift else "")
+             + (f"; drifting beyond the {dtype} precision envelope: {drift}" if drift else "")
              + f" ({found.counts['ambiguous']} more ambiguous at {dtype}, "
+             f"{found.counts['routing_tie']} at MoE routing near-ties, "
              f"{found.counts['precision_outlier']} precision outliers identified as their own "
              f"boundary; tolerance: {bound}). {diag.message}",
              draft=draft, engine_name=engine_name, prompts=prompts, diagnoses=[diag], check=check)
@@ -148,27 +152,27 @@ def assert_capture_matches_oracle(*, features: Sequence[torch.Tensor], oracle,
                                   prompts: Sequence[Sequence[int]], dtype: str, device: str,
                                   **judged) -> Diagnosis:
     """assert_capture_matches with the golden features of `prompts` from `oracle`
-    (harness.golden.oracle.Oracle) and, in reduced precision, the noise floor: the same
-    reference computed in the engine's dtype on its device; `judged`: the rest of
+    (harness.golden.oracle.Oracle) and, in reduced precision, their precision envelopes;
+    `device` is the engine's (the envelope covers the CPU and, where present, the GPU); `judged`: the rest of
     assert_capture_matches' arguments."""
     return assert_capture_matches(
         features=features, golden=[oracle.features(p) for p in prompts], dtype=dtype,
-        prompts=prompts, noise=[oracle.reference_features(p, dtype, device) for p in prompts]
+        prompts=prompts, envelopes=[oracle.envelope(p, dtype) for p in prompts]
         if not tolerance_for(dtype).strict else None, **judged)
 
 
 def batch_leaks(inside: torch.Tensor, alone: torch.Tensor, *, dtype: str,
                 golden: TargetFeatures | None = None,
-                noise: TargetFeatures | None = None) -> tuple[int, int, float, str]:
+                envelope: Envelope | None = None) -> tuple[int, int, float, str]:
     """(tokens that leak, tokens, worst relative error, the bound in words) for one prompt's
     features inside a batch against alone. fp32: any token beyond rtol leaks. Reduced
     precision: two runs of one engine may each round their own way, so a token leaks only
-    where it differs beyond the noise allowance of its slot (the same-dtype reference's error,
-    `noise`) AND is then what a wiring bug leaves, judged against the boundary the slot holds
+    where it differs beyond the noise allowance of its slot (the precision envelope's error,
+    `envelope`) AND is then what a wiring bug leaves, judged against the boundary the slot holds
     alone (its modal nearest boundary: batch invariance asks for the same state, whether or
     not it is the one training used, which is the capture check's question)."""
     tol = tolerance_for(dtype)
-    if tol.strict or golden is None or noise is None:
+    if tol.strict or golden is None or envelope is None:
         bad, total, worst = worst_tokens([inside], [alone], tol.rtol)
         return bad, total, worst, f"{tol.rtol:g}"
     hidden = golden.boundaries.shape[-1]
@@ -180,10 +184,10 @@ def batch_leaks(inside: torch.Tensor, alone: torch.Tensor, *, dtype: str,
         b = int(relative_errors(y[None], golden.boundaries).argmin(dim=0).mode().values)
         err = relative_errors(x, y)
         worst = max(worst, float(err.max()))
-        tc = classify_tokens(x.float(), golden, b, noise.boundaries[b], noise_factor=tol.noise_factor,
+        tc = classify_tokens(x.float(), golden, b, envelope, noise_factor=tol.noise_factor,
                              separation=tol.separation, floor=floor)
-        own = relative_errors(noise.boundaries[b], golden.boundaries[b])
-        beyond = err > noise_allowance(own, noise_factor=tol.noise_factor, floor=floor)
+        beyond = err > noise_allowance(envelope.error(b, golden), noise_factor=tol.noise_factor,
+                                       floor=floor)
         leak |= beyond & torch.tensor([c == WRONG for c in tc.classes])
     return int(leak.sum()), inside.shape[0], worst, tolerance_text(dtype, golden.num_layers)
 

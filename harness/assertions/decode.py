@@ -21,15 +21,9 @@ from harness.diagnosis.decode import (
 )
 from harness.engines.base import DecodeInputs
 from harness.finite import assert_finite
-from harness.golden.features import TargetFeatures, aux_features
+from harness.golden.features import aux_features
 from harness.report import ConformanceFailure
 from harness.tolerances import tolerance_for
-
-
-def _prefix(features: TargetFeatures, rows: int) -> TargetFeatures:
-    """The training features of a sequence's first `rows` positions."""
-    return TargetFeatures(boundaries=features.boundaries[:, :rows], final_normed=features.final_normed[:rows],
-                          mlp_out=features.mlp_out[:, :rows], logits=None)
 
 
 def _first_misplaced(decode: DecodeInputs) -> tuple[int, int, str]:
@@ -82,7 +76,7 @@ def assert_decode_inputs_match(*, decode: DecodeInputs, oracle, prompts: Sequenc
              f"({'the prefill' if r == 0 else f'after verify round {r}'}): {what} (exact "
              f"integers: no tolerance). {diag.message}", draft=draft, engine_name=engine_name,
              prompts=[prompts[i]], diagnoses=[diag], check=check)
-    golden = [_prefix(oracle.features(s), x.shape[0]) for s, x in zip(sequences, rows, strict=True)]
+    golden = [oracle.features(s).prefix(x.shape[0]) for s, x in zip(sequences, rows, strict=True)]
     width = len(training_boundaries) * golden[0].boundaries.shape[-1]
     if all(x.shape[-1] == width for x in rows):
         shift = row_shift(rows, [aux_features(g, training_boundaries) for g in golden],
@@ -92,13 +86,13 @@ def assert_decode_inputs_match(*, decode: DecodeInputs, oracle, prompts: Sequenc
             fail(f"the rows re-fed to the draft after verify rounds are not the features of their "
                  f"own positions. {diag.message}", draft=draft, engine_name=engine_name,
                  prompts=prompts, diagnoses=[diag], check=check)
-    noise = None if tolerance_for(dtype).strict else [
-        _prefix(oracle.reference_features(s, dtype, device), x.shape[0]) for s, x in zip(sequences, rows, strict=True)]
+    envelopes = None if tolerance_for(dtype).strict else [
+        oracle.envelope(s, dtype).prefix(x.shape[0]) for s, x in zip(sequences, rows, strict=True)]
     judged = dict(training_boundaries=training_boundaries, dtype=dtype, engine_name=engine_name,
                   engine_convention=engine_convention, config_ids=config_ids, draft=draft,
                   prompts=prompts, check=check)
     try:
-        assert_capture_matches(features=rows, golden=golden, noise=noise, **judged)
+        assert_capture_matches(features=rows, golden=golden, envelopes=envelopes, **judged)
     except ConformanceFailure as failed:
         # pass/fail is the whole feed's; the cause is named from the prefill's rows where they
         # are wrong already: they are the capture of one forward, which the capture diagnosis
@@ -108,8 +102,9 @@ def assert_decode_inputs_match(*, decode: DecodeInputs, oracle, prompts: Sequenc
         try:
             assert_capture_matches(
                 features=[x[:c] for x, c in zip(rows, cut, strict=True)],
-                golden=[_prefix(g, c) for g, c in zip(golden, cut, strict=True)],
-                noise=None if noise is None else [_prefix(n, c) for n, c in zip(noise, cut, strict=True)],
+                golden=[g.prefix(c) for g, c in zip(golden, cut, strict=True)],
+                envelopes=None if envelopes is None else [
+                    e.prefix(c) for e, c in zip(envelopes, cut, strict=True)],
                 **judged)
         except ConformanceFailure as prefill:
             raise ConformanceFailure(f"decode-time feeds ({sum(x.shape[0] for x in rows)} rows): the "
@@ -141,7 +136,7 @@ def assert_history_independent(*, prompts: Sequence[Sequence[int]], history: str
             strict = tolerance_for(dtype).strict
             bad, total, worst, bound = batch_leaks(
                 b, a, dtype=dtype, golden=None if strict else oracle.features(prompts[i]),
-                noise=None if strict else oracle.reference_features(prompts[i], dtype, device)) \
+                envelope=None if strict else oracle.envelope(prompts[i], dtype)) \
                 if a.shape == b.shape else (a.shape[0], a.shape[0], float("inf"), "equal shapes")
             if bad:
                 found.append((i, f"captured features differ on {bad}/{total} tokens (worst relative "

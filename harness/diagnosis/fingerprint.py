@@ -17,20 +17,11 @@ from collections.abc import Sequence
 import torch
 
 from harness.diagnosis.record import AMBIGUOUS, FINAL_NORMED, ZERO, Label, SlotMatch, mlp_label
-from harness.golden.features import TargetFeatures
+from harness.golden.features import TargetFeatures, relative_errors  # noqa: F401 - re-exported: the measure every diagnosis uses
 
 # An error beyond this is "nothing alike" (a zero or garbage slot gives inf per token): capped,
 # so one such token cannot swamp a slot's mean error to a boundary in the report's heatmap.
 _ERROR_CAP = 10.0
-
-
-def relative_errors(x: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
-    """Per token (last dim reduced), |x - ref| / |ref| in fp32: the one error measure every
-    capture and fc comparison uses. Broadcasts, so x [T, H] against ref [C, T, H] gives [C, T]."""
-    ref = ref.float()
-    err = (x.float() - ref).norm(dim=-1) / ref.norm(dim=-1).clamp_min(1e-12)
-    # NaN > rtol is False: a NaN error must count as the worst error, never as a match
-    return torch.nan_to_num(err, nan=math.inf, posinf=math.inf)
 
 
 def candidates(golden: TargetFeatures) -> tuple[list[Label], torch.Tensor]:

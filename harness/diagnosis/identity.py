@@ -15,12 +15,14 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
+from dataclasses import field as dataclass_field
 from typing import Any
 
 import torch
 
 from harness.diagnosis.fingerprint import candidates, relative_errors
 from harness.diagnosis.record import Label
+from harness.golden.envelope import Envelope
 from harness.golden.features import TargetFeatures
 
 
@@ -73,22 +75,26 @@ def identify_slots(features: torch.Tensor, boundaries: torch.Tensor) -> list[Slo
 
 # -- token by token, for the reduced-precision judgement ------------------------------------
 
-EXACT, OUTLIER, AMBIGUOUS, WRONG = "exact", "precision_outlier", "ambiguous", "wrong"
-TOKEN_CLASSES = (EXACT, OUTLIER, AMBIGUOUS, WRONG)
+EXACT, OUTLIER, AMBIGUOUS, ROUTING_TIE, WRONG = (
+    "exact", "precision_outlier", "ambiguous", "routing_tie", "wrong")
+TOKEN_CLASSES = (EXACT, OUTLIER, AMBIGUOUS, ROUTING_TIE, WRONG)
 
 
 @dataclass(frozen=True)
 class TokenClasses:
     """What each token of one slot (one prompt) is, for an engine computing in reduced
-    precision: `exact` within the noise allowance and nearest its own boundary;
-    `precision_outlier` beyond it but clearly its own boundary (a routing near-tie the
-    same-dtype reference rounded the other way); `ambiguous` beyond it and not clearly any
-    state: precision cannot tell; `wrong` what a wiring bug leaves: clearly another golden
-    state, zeros, or a state no nearer its boundary than zero is (stale)."""
+    precision: `exact` within the envelope's allowance and nearest its own boundary;
+    `precision_outlier` beyond it but clearly its own boundary; `ambiguous` beyond it and not
+    clearly any state, or a token some correct implementation itself cannot identify:
+    precision cannot tell; `routing_tie` beyond the allowance at a token whose MoE routing
+    correct implementations do not agree on (harness/golden/envelope.py): a swapped expert
+    moves it as far as a wiring bug would, so it is evidence of neither; `wrong` what a wiring
+    bug leaves: clearly another golden state, zeros, or a state no nearer its boundary than
+    zero is (stale)."""
 
     classes: list[str]  # per token, one of TOKEN_CLASSES
     errors: torch.Tensor  # [T] relative error to the expected boundary
-    allowance: torch.Tensor  # [T] noise allowance (noise_factor x the same-dtype reference's error)
+    allowance: torch.Tensor  # [T] noise allowance (noise_factor x the envelope's error)
     nearest_other: list[Label]  # per token, the nearest candidate other than the expected one
 
     def count(self, cls: str) -> int:
@@ -99,23 +105,23 @@ class TokenClasses:
 
 
 def noise_allowance(noise: torch.Tensor, *, noise_factor: float, floor: float) -> torch.Tensor:
-    """[T] the error a correct engine may show per token: noise_factor times the same-dtype
-    reference's error at that token, or at the median token where it rounded luckily, and
-    never below `floor` (harness.tolerances.REASONS['noise_factor'])."""
+    """[T] the error a correct engine may show per token: noise_factor times the envelope's
+    error at that token (the largest any correct implementation makes), or at the median token
+    where every member rounded luckily, and never below `floor`
+    (harness.tolerances.REASONS['noise_factor'])."""
     if noise.numel() == 0:
         return noise
     return torch.clamp_min(noise_factor * torch.maximum(noise, noise.median()), floor)
 
 
-def classify_tokens(x: torch.Tensor, golden: TargetFeatures, expected: int,
-                    same_dtype: torch.Tensor, *, noise_factor: float, separation: float,
-                    floor: float) -> TokenClasses:
-    """x [T, H]: one slot of one prompt; golden: its fp32 training features; same_dtype
-    [T, H]: the reference computation's state at this boundary in the engine's dtype on its
-    device, whose error is the noise floor; floor: the least allowance (the fp32 bound). A
-    token where that reference itself is not identified as its boundary is one precision
-    cannot decide: ambiguous unless the engine left zeros there. See
-    harness.tolerances.REASONS['noise_factor'] and ['separation'] for the bounds."""
+def classify_tokens(x: torch.Tensor, golden: TargetFeatures, expected: int, envelope: Envelope,
+                    *, noise_factor: float, separation: float, floor: float) -> TokenClasses:
+    """x [T, H]: one slot of one prompt; golden: its fp32 training features; envelope: the
+    same prompt computed by correct implementations in the engine's dtype, whose largest error
+    at each token is the noise floor; floor: the least allowance (the fp32 bound). A token
+    where some member itself is not identified as its boundary is one precision cannot decide:
+    ambiguous unless the engine left zeros there. See harness.tolerances.REASONS
+    ['noise_factor'] and ['separation'] for the bounds."""
     labels, states = candidates(golden)
     own = states[expected]
     # candidates equal to the expected state (a pad token's embedding row) cannot tell it
@@ -129,12 +135,17 @@ def classify_tokens(x: torch.Tensor, golden: TargetFeatures, expected: int,
         return err[expected], d_alt, alt
 
     d_own, d_alt, alt = distances(x)
-    r_own, r_alt, _ = distances(same_dtype)
-    allowance = noise_allowance(r_own, noise_factor=noise_factor, floor=floor)
+    undecidable = torch.zeros(x.shape[0], dtype=torch.bool)
+    r_max = torch.zeros(x.shape[0])
+    for member in envelope.states(expected):
+        r_own, r_alt, _ = distances(member)
+        undecidable |= (r_own >= 1.0) | ((r_own > separation * r_alt) & (r_own > floor))
+        r_max = torch.maximum(r_max, r_own)
+    allowance = noise_allowance(r_max, noise_factor=noise_factor, floor=floor)
+    tied = envelope.ties[expected]
     tiny = 1e-6 * golden.boundaries.norm(dim=-1).mean(0)  # [T]: "zero" at this token's scale
     is_zero = x.float().norm(dim=-1) <= tiny
     own_zero = own.norm(dim=-1) <= tiny
-    undecidable = (r_own >= 1.0) | ((r_own > separation * r_alt) & (r_own > floor))
     clearly_other = d_own >= separation * d_alt
     clearly_own = d_alt >= separation * d_own
     out = []
@@ -145,10 +156,12 @@ def classify_tokens(x: torch.Tensor, golden: TargetFeatures, expected: int,
             out.append(WRONG)
         elif undecidable[t]:
             out.append(AMBIGUOUS)
+        elif d_own[t] <= allowance[t] and not clearly_other[t]:
+            out.append(EXACT)
+        elif tied[t]:
+            out.append(ROUTING_TIE)
         elif clearly_other[t] or d_own[t] >= 1.0:
             out.append(WRONG)
-        elif d_own[t] <= allowance[t]:
-            out.append(EXACT)
         elif clearly_own[t]:
             out.append(OUTLIER)
         else:
@@ -161,7 +174,7 @@ def classify_tokens(x: torch.Tensor, golden: TargetFeatures, expected: int,
 class PrecisionFinding:
     """Token classes of every slot over a batch of prompts, in reduced precision: the counts a
     report shows, the tokens a failure names, and the slots whose typical error drifts beyond
-    the noise floor (a bug that moves every token a little, which identity alone misses)."""
+    the envelope (a bug that moves every token a little, which identity alone misses)."""
 
     counts: dict[str, int]  # class -> tokens (over slots and prompts)
     wrong: list[tuple[int, int, int, str]]  # (prompt, slot, token, why)
@@ -169,6 +182,8 @@ class PrecisionFinding:
     drift: list[tuple[int, float, float]]  # (slot, median error, median allowance)
     worst: float
     tokens: int
+    ties: list[tuple[int, int, int, float, float]] = dataclass_field(default_factory=list)
+    members: list[str] = dataclass_field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -177,26 +192,32 @@ class PrecisionFinding:
     def summary(self) -> dict[str, Any]:
         return {"tokens": self.tokens, **self.counts, "worst_rel_error": round(self.worst, 4),
                 "ambiguous_at": [list(a) for a in self.ambiguous[:20]],
+                # (prompt, slot, token, fp32 router margin, the members' score spread there)
+                "routing_ties_at": [[p, s, t, round(m, 5), round(n, 5)]
+                                    for p, s, t, m, n in self.ties[:20]],
+                "envelope": self.members,
                 "drifting_slots": [s for s, _, _ in self.drift]}
 
 
 def classify_capture(features: Sequence[torch.Tensor], golden: Sequence[TargetFeatures],
-                     training_boundaries: Sequence[int], noise: Sequence[TargetFeatures], *,
+                     training_boundaries: Sequence[int], envelopes: Sequence[Envelope], *,
                      noise_factor: float, separation: float, floor: float) -> PrecisionFinding:
-    """Classify every token of every slot (see `classify_tokens`); noise: per prompt, the
-    features of the reference computation in the engine's dtype on its device."""
+    """Classify every token of every slot (see `classify_tokens`); envelopes: per prompt, the
+    features of the correct implementations in the engine's dtype. A slot drifts when its
+    median error over the judged tokens (routing ties left out: a swapped expert is not
+    drift) exceeds noise_factor times the median of the envelope's error there."""
     hidden = golden[0].boundaries.shape[-1]
     counts = dict.fromkeys(TOKEN_CLASSES, 0)
     wrong: list[tuple[int, int, int, str]] = []
     ambiguous: list[tuple[int, int, int]] = []
+    ties: list[tuple[int, int, int, float, float]] = []
     per_slot_err: dict[int, list[torch.Tensor]] = {}
     per_slot_noise: dict[int, list[torch.Tensor]] = {}
     worst, tokens = 0.0, 0
-    for p, (x, g, ref) in enumerate(zip(features, golden, noise, strict=True)):
+    for p, (x, g, env) in enumerate(zip(features, golden, envelopes, strict=True)):
         for s, b in enumerate(training_boundaries):
             chunk = x[:, s * hidden:(s + 1) * hidden].float()
-            floor_t = relative_errors(ref.boundaries[b], g.boundaries[b])
-            tc = classify_tokens(chunk, g, b, ref.boundaries[b], noise_factor=noise_factor,
+            tc = classify_tokens(chunk, g, b, env, noise_factor=noise_factor,
                                  separation=separation, floor=floor)
             for cls in TOKEN_CLASSES:
                 counts[cls] += tc.count(cls)
@@ -204,15 +225,22 @@ def classify_capture(features: Sequence[torch.Tensor], golden: Sequence[TargetFe
                 wrong.append((p, s, t, f"error {float(tc.errors[t]):.3g} to boundary {b}, "
                                        f"nearest other {tc.nearest_other[t]}"))
             ambiguous += [(p, s, t) for t in tc.tokens(AMBIGUOUS)]
-            per_slot_err.setdefault(s, []).append(tc.errors)
-            per_slot_noise.setdefault(s, []).append(floor_t)
-            worst = max(worst, float(tc.errors.max()))
+            ties += [(p, s, t, float(env.margin[b, t]), float(env.spread[b, t]))
+                     for t in tc.tokens(ROUTING_TIE)]
+            judged = torch.tensor([c != ROUTING_TIE for c in tc.classes], dtype=torch.bool)
+            per_slot_err.setdefault(s, []).append(tc.errors[judged])
+            per_slot_noise.setdefault(s, []).append(env.error(b, g))
+            worst = max(worst, float(tc.errors[judged].max())) if bool(judged.any()) else worst
             tokens += chunk.shape[0]
     drift = []
     for s, errs in per_slot_err.items():
-        med = float(torch.cat(errs).median())
+        judged_errs = torch.cat(errs)
+        if judged_errs.numel() == 0:
+            continue
+        med = float(judged_errs.median())
         allowed = max(floor, noise_factor * float(torch.cat(per_slot_noise[s]).median()))
         if med > allowed:
             drift.append((s, med, allowed))
     return PrecisionFinding(counts=counts, wrong=wrong, ambiguous=ambiguous, drift=drift,
-                            worst=worst, tokens=tokens)
+                            worst=worst, tokens=tokens, ties=ties,
+                            members=list(envelopes[0].names) if envelopes else [])

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -34,6 +35,8 @@ from harness.engines.speculative import Eagle3Runtime
 from harness.engines.step_costs import measure_step_costs
 from harness.models.draft import Eagle3Draft
 from harness.models.target import load_target
+from harness.models.variants import apply_choices, load_implementation
+from harness.models.variants import implementation as variant
 from harness.throughput import StepCosts
 from harness.tolerances import DTYPES
 
@@ -80,14 +83,24 @@ class ReferenceEngine(Eagle3Runtime, Engine):
     padding_side = "right"
 
     def __init__(self, target_dir: Path, draft_dir: Path,
-                 options: EngineOptions | None = None) -> None:
+                 options: EngineOptions | None = None, implementation: str | None = None) -> None:
+        """`implementation`: run the target as one of the precision envelope's other correct
+        implementations (a name of harness.models.variants.IMPLEMENTATIONS) instead of
+        transformers' defaults: the leave-one-out control (benchmarks/false_alarms.py) judges
+        such an engine against the envelope of the others."""
         options = options or EngineOptions()
         Engine.__init__(self, target_dir, draft_dir, options)
         if options.dtype not in DTYPES:
             raise ValueError(f"dtype {options.dtype!r} is not one of {', '.join(DTYPES)}")
         dtype = getattr(torch, options.dtype)
-        target = load_any_target(self.target_dir, dtype, options.device)
         draft = Eagle3Draft.load(self.draft_dir, dtype, options.device)
+        if implementation is None:
+            target = load_any_target(self.target_dir, dtype, options.device)
+        else:
+            impl = replace(variant(implementation), device=options.device)
+            target = load_implementation(self.target_dir, dtype, impl)
+            apply_choices(draft, impl, dtype)
+        self.implementation = implementation
         Eagle3Runtime.__init__(self, target, draft)
 
     def version(self) -> str:

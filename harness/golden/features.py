@@ -5,6 +5,7 @@ prompts Hypothesis draws; the committed tensors pin this code against library dr
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -30,6 +31,21 @@ class TargetFeatures:
     @property
     def num_layers(self) -> int:
         return self.boundaries.shape[0] - 1
+
+    def prefix(self, rows: int) -> TargetFeatures:
+        """The features of the first `rows` positions (a sequence's prompt part)."""
+        return TargetFeatures(boundaries=self.boundaries[:, :rows], final_normed=self.final_normed[:rows],
+                              mlp_out=self.mlp_out[:, :rows],
+                              logits=None if self.logits is None else self.logits[:rows])
+
+
+def relative_errors(x: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
+    """Per token (last dim reduced), |x - ref| / |ref| in fp32: the one error measure every
+    capture and fc comparison uses. Broadcasts, so x [T, H] against ref [C, T, H] gives [C, T]."""
+    ref = ref.float()
+    err = (x.float() - ref).norm(dim=-1) / ref.norm(dim=-1).clamp_min(1e-12)
+    # NaN > rtol is False: a NaN error must count as the worst error, never as a match
+    return torch.nan_to_num(err, nan=math.inf, posinf=math.inf)
 
 
 @torch.no_grad()

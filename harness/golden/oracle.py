@@ -4,10 +4,11 @@ Pinned prompts are answered from the committed tensors (so library drift cannot 
 goalposts); prompts Hypothesis draws are computed on the fly with the bundle's target and
 draft in fp32 on the CPU, exactly as the golden builder computed the pinned ones.
 
-For an engine in reduced precision it also answers "how far does that dtype, on that
-device, move the training computation?": the same target and draft cast to the engine's
-dtype on the engine's device (built once per session, lazily, only when asked), whose
-error against fp32 is the noise floor the engine's own error is judged against.
+For an engine in reduced precision it also answers "how far may a correct engine in that
+dtype be from the training computation?": the precision envelope of the prompt
+(harness/golden/envelope.py), the same target run by several correct implementations in that
+dtype (harness/models/variants.py; on the CPU, and on the GPU where one is present), built
+once per session and prompt, lazily, only when asked.
 """
 
 from __future__ import annotations
@@ -18,19 +19,23 @@ from functools import cached_property
 import torch
 
 from harness.golden.bundle import Bundle, DraftSpec
+from harness.golden.envelope import Envelope, EnvelopeBuilder
 from harness.golden.features import TargetFeatures, target_features
 from harness.models.draft import Eagle3Draft
 from harness.models.target import load_target
+from harness.models.variants import FC_MEMBERS, Implementation, apply_choices
 
 
 class Oracle:
-    def __init__(self, bundle: Bundle) -> None:
+    def __init__(self, bundle: Bundle, members: Sequence[Implementation] | None = None) -> None:
+        """`members`: the implementations precision envelopes are made of (default: every
+        variant on the CPU and, where torch sees a GPU, its two ends there)."""
         self.bundle = bundle
+        self._members = members
         self._cache: dict[tuple[int, ...], TargetFeatures] = {}
         self._drafts: dict[str, Eagle3Draft] = {}
         self._targets: dict[tuple[str, str], torch.nn.Module] = {}
         self._low_drafts: dict[tuple[str, str, str], Eagle3Draft] = {}
-        self._low: dict[tuple, TargetFeatures] = {}
         for i, prompt in enumerate(bundle.prompts()):
             self._cache[tuple(prompt)] = self._pinned(i, len(prompt))
 
@@ -67,28 +72,37 @@ class Oracle:
             self._targets[key] = load_target(self.bundle.target_dir, getattr(torch, dtype), device)
         return self._targets[key]
 
-    def _reference_draft(self, name: str, dtype: str, device: str) -> Eagle3Draft:
-        key = (name, dtype, device)
+    def _reference_draft(self, name: str, dtype: str, impl: Implementation) -> Eagle3Draft:
+        key = (name, dtype, impl.name)
         if key not in self._low_drafts:
-            self._low_drafts[key] = Eagle3Draft.load(self.bundle.draft_dir(name), getattr(torch, dtype),
-                                                     device)
+            model = Eagle3Draft.load(self.bundle.draft_dir(name), getattr(torch, dtype), impl.device)
+            apply_choices(model, impl, getattr(torch, dtype))
+            self._low_drafts[key] = model
         return self._low_drafts[key]
 
-    def reference_features(self, prompt: Sequence[int], dtype: str, device: str) -> TargetFeatures:
-        """The training computation of `prompt` in `dtype` on `device` (fp32 on the CPU: the
-        golden features themselves); what a correct engine in that dtype may differ by."""
-        if (dtype, device) == ("float32", "cpu"):
-            return self.features(prompt)
-        key = (dtype, device, tuple(int(t) for t in prompt))
-        if key not in self._low:
-            self._low[key] = target_features(self._reference(dtype, device), key[2])
-        return self._low[key]
+    @cached_property
+    def envelopes(self) -> EnvelopeBuilder:
+        return EnvelopeBuilder(self.bundle.target_dir, self.target, self._members)
+
+    def envelope(self, prompt: Sequence[int], dtype: str) -> Envelope:
+        """The precision envelope of `prompt` in `dtype` (harness/golden/envelope.py): what a
+        correct engine in that dtype may differ from training by. Cached per prompt."""
+        return self.envelopes.envelope(prompt, dtype)
 
     @torch.no_grad()
-    def reference_fc(self, draft: str, features: torch.Tensor, dtype: str, device: str) -> torch.Tensor:
-        """The trained fc on given features in `dtype` on `device`, back in fp32 on the CPU."""
-        model = self._reference_draft(draft, dtype, device)
-        return model.project(features.to(device=device, dtype=getattr(torch, dtype))).float().cpu()
+    def reference_fc(self, draft: str, features: torch.Tensor, dtype: str,
+                     without: str | None = None) -> torch.Tensor:
+        """[M, T, H]: the trained fc on given features computed in `dtype` by each correct
+        implementation of it (harness.models.variants.FC_MEMBERS, on the CPU and, where
+        present, the GPU), back in fp32 on the CPU: the fc check's precision envelope;
+        `without`: a member left out (the leave-one-out control)."""
+        out = []
+        for impl in self.envelopes.members:
+            if impl.name.partition("@")[0] in FC_MEMBERS and impl.name != without:
+                model = self._reference_draft(draft, dtype, impl)
+                low = features.to(device=impl.device, dtype=getattr(torch, dtype))
+                out.append(model.project(low).float().cpu())
+        return torch.stack(out)
 
     @torch.no_grad()
     def reference_logits(self, tokens: Sequence[int], dtype: str, device: str) -> torch.Tensor:

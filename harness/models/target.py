@@ -85,15 +85,25 @@ def decoder_layers(model: torch.nn.Module) -> torch.nn.ModuleList:
     return inner.layers
 
 
-def _router_margin(gate: torch.nn.Module, hidden: torch.Tensor) -> torch.Tensor:
-    """Per token: how far grouped top-k routing is from choosing differently, in fp32 score
-    units (the smaller of the group-selection gap and the expert-selection gap). A margin
-    near zero is a tie that reduced-precision hidden states can flip, swapping an expert."""
-    h = hidden.reshape(-1, gate.hidden_dim).float()
-    scores = F.linear(h, gate.weight.float()).sigmoid() + gate.e_score_correction_bias.float()
+def grouped_topk(scores: torch.Tensor, gate: torch.nn.Module) -> torch.Tensor:
+    """[T, k]: the experts DeepSeek's grouped top-k routing picks from selection scores
+    [T, E] (sigmoid scores plus the correction bias): the `topk_group` groups with the best
+    two-expert sums, then the best `top_k` experts inside them."""
     per_group = gate.num_experts // gate.num_group
     group = scores.view(-1, gate.num_group, per_group).topk(2, dim=-1).values.sum(-1)
-    inf = torch.full((h.shape[0],), float("inf"))
+    chosen = torch.zeros_like(group).scatter_(1, group.topk(gate.topk_group, -1).indices, 1).bool()
+    allowed = scores.masked_fill(~chosen.repeat_interleave(per_group, -1), float("-inf"))
+    return allowed.topk(gate.top_k, dim=-1).indices
+
+
+def routing_margin(scores: torch.Tensor, gate: torch.nn.Module) -> torch.Tensor:
+    """Per token: how far grouped top-k routing is from choosing differently, in selection
+    score units (the smaller of the group-selection gap and the expert-selection gap), given
+    the selection scores [T, E]. A margin near zero is a tie that reduced-precision hidden
+    states can flip, swapping an expert."""
+    per_group = gate.num_experts // gate.num_group
+    group = scores.view(-1, gate.num_group, per_group).topk(2, dim=-1).values.sum(-1)
+    inf = torch.full((scores.shape[0],), float("inf"))
     if gate.topk_group < gate.num_group:
         ranked = group.sort(-1, descending=True).values
         group_gap = ranked[:, gate.topk_group - 1] - ranked[:, gate.topk_group]
@@ -104,6 +114,13 @@ def _router_margin(gate: torch.nn.Module, hidden: torch.Tensor) -> torch.Tensor:
     ranked = allowed.sort(-1, descending=True).values
     expert_gap = (ranked[:, gate.top_k - 1] - ranked[:, gate.top_k]) if gate.top_k < allowed.shape[-1] else inf
     return torch.minimum(group_gap, expert_gap.nan_to_num(float("inf")))
+
+
+def _router_margin(gate: torch.nn.Module, hidden: torch.Tensor) -> torch.Tensor:
+    """routing_margin of the fp32 selection scores the router computes from `hidden`."""
+    h = hidden.reshape(-1, gate.hidden_dim).float()
+    scores = F.linear(h, gate.weight.float()).sigmoid() + gate.e_score_correction_bias.float()
+    return routing_margin(scores, gate)
 
 
 @torch.no_grad()
