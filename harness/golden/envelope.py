@@ -122,8 +122,8 @@ def routing_ties(fp32: Routing, members: Mapping[str, Routing], gates: Mapping[i
 
 
 def envelope_members(cuda: bool | None = None) -> list[Implementation]:
-    """The implementations an envelope is made of: every variant on the CPU, and the two ends
-    (defaults, all-reduced) on the GPU where torch sees one (`cuda` None: ask torch)."""
+    """The implementations an envelope is made of: every variant on the CPU, and the defaults
+    and both composites on the GPU where torch sees one (`cuda` None: ask torch)."""
     out = list(IMPLEMENTATIONS)
     if torch.cuda.is_available() if cuda is None else cuda:
         out += [i.on("cuda") for i in IMPLEMENTATIONS if i.name in DEVICE_MEMBERS]

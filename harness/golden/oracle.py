@@ -29,7 +29,7 @@ from harness.models.variants import FC_MEMBERS, Implementation, apply_choices
 class Oracle:
     def __init__(self, bundle: Bundle, members: Sequence[Implementation] | None = None) -> None:
         """`members`: the implementations precision envelopes are made of (default: every
-        variant on the CPU and, where torch sees a GPU, its two ends there)."""
+        variant on the CPU and, where torch sees a GPU, the defaults and the composites there)."""
         self.bundle = bundle
         self._members = members
         self._cache: dict[tuple[int, ...], TargetFeatures] = {}
