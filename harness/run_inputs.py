@@ -85,14 +85,21 @@ def _stat_problem(arg: str, path: Path) -> str | None:
     return None
 
 
+def _looked_up(arg: str, given: str | Path, empty_fix: str) -> tuple[Path, str | None]:
+    """The path as given and the first reason it cannot be used at all: empty (never read as
+    "." — `Path('')` is the current folder), a loop, a name that cannot be looked up."""
+    if str(given).strip() == "":
+        return Path(), f"{arg} is empty; {empty_fix}"
+    path = Path(given)
+    return path, _stat_problem(arg, path)
+
+
 def input_path_problem(arg: str, given: str | Path | None, kind: str) -> str | None:
     """Why `given` is not a readable existing `kind` ("file" or "folder"), or None."""
     if given is None:
         return None
-    if str(given).strip() == "":
-        return f"{arg} is empty; pass the path of a {kind} (or leave {arg} out for the default)"
-    path = Path(given)
-    problem = _stat_problem(arg, path)
+    path, problem = _looked_up(arg, given, f"pass the path of a {kind} (or leave {arg} out for "
+                                           f"the default)")
     if problem:
         return problem
     if not path.exists():
@@ -124,44 +131,39 @@ def _existing_ancestor(path: Path) -> Path:
     return Path(".")
 
 
-def output_dir_problem(arg: str, given: str | Path) -> str | None:
-    """Why the folder `given` cannot be created or written into, or None. Creates nothing."""
-    if str(given).strip() == "":
-        return f"{arg} is empty; pass a folder to write into"
-    path = Path(given)
-    for p in (path, *path.parents):
+def _creatable_under(arg: str, path: Path, folder: Path) -> str | None:
+    """`folder` and its parents can be looked up and its nearest existing ancestor is a folder
+    this process can write in (the missing ones are created when `path` is written)."""
+    for p in (folder, *folder.parents):
         problem = _stat_problem(arg, p)
         if problem:
             return problem
-    if path.exists() and not path.is_dir():
-        return f"{arg} {path} is a file, not a folder; pass a folder (it is created if missing)"
-    base = _existing_ancestor(path)
+    base = _existing_ancestor(folder)
     if not base.is_dir():
         return f"{arg} {path}: {base} is a file, not a folder; pass a path under a folder"
     return _writable_folder_problem(arg, base)
 
 
+def output_dir_problem(arg: str, given: str | Path) -> str | None:
+    """Why the folder `given` cannot be created or written into, or None. Creates nothing."""
+    path, problem = _looked_up(arg, given, "pass a folder to write into")
+    if problem:
+        return problem
+    if path.exists() and not path.is_dir():
+        return f"{arg} {path} is a file, not a folder; pass a folder (it is created if missing)"
+    return _creatable_under(arg, path, path)
+
+
 def output_file_problem(arg: str, given: str | Path) -> str | None:
     """Why the file `given` cannot be (re)written in place, or None. Creates nothing."""
-    if str(given).strip() == "":
-        return f"{arg} is empty; pass a file to write"
-    path = Path(given)
-    problem = _stat_problem(arg, path)
+    path, problem = _looked_up(arg, given, "pass a file to write")
     if problem:
         return problem
     if path.is_dir():
         return f"{arg} {path} is a folder; pass a file path (e.g. {path / 'CONFORMANCE.md'})"
     if path.exists() and not path.is_file():
         return f"{arg} {path} is not a regular file; pass a file path"
-    parent = path.parent
-    for p in (parent, *parent.parents):
-        problem = _stat_problem(arg, p)
-        if problem:
-            return problem
-    base = _existing_ancestor(parent)  # the missing folders are created when it is written
-    if not base.is_dir():
-        return f"{arg} {path}: {base} is a file, not a folder; pass a path under a folder"
-    return _writable_folder_problem(arg, base)
+    return _creatable_under(arg, path, path.parent)
 
 
 def text_file_problem(arg: str, given: str | Path, max_bytes: int) -> str | None:

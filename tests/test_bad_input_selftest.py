@@ -108,17 +108,22 @@ def test_pytest_flags_the_suite_cannot_run_with(extra: list[str], needle: str, s
               "--bundle", str(smoke_bundle), "--", *extra], needle, root, capsys)
 
 
+def _runs_end(monkeypatch: pytest.MonkeyPatch, code: int, log: str) -> None:
+    """Every suite run ends at once with exit `code` and `log` as its run.log (no report)."""
+    def run_suite(engine: str, bundle: Path, out: Path, *args: object) -> int:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "run.log").write_text(log)
+        return code
+    monkeypatch.setattr(selftest, "run_suite", run_suite)
+    monkeypatch.setattr(cli, "_selftest_preflight", lambda *a: None)
+
+
 def test_a_mutant_that_did_not_run_is_not_scored(smoke_bundle: Path, tmp_path: Path,
                                                  monkeypatch: pytest.MonkeyPatch,
                                                  capsys: pytest.CaptureFixture[str]) -> None:
     """A run that ends without a report (exit 3, a crash of the suite) is neither caught nor
     missed: named NOT RUN, left out of the score, and the self-test does not pass."""
-    def run_suite(engine: str, bundle: Path, out: Path, *args: object) -> int:
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "run.log").write_text("error: unexpected RuntimeError: boom\n")
-        return 3
-    monkeypatch.setattr(selftest, "run_suite", run_suite)
-    monkeypatch.setattr(cli, "_selftest_preflight", lambda *a: None)
+    _runs_end(monkeypatch, 3, "error: unexpected RuntimeError: boom\n")
     root = tmp_path / "st"
     code = cli.main(["selftest", "--report-dir", str(root), "--no-control", "--mutant", "ids_plus_one",
                      "--bundle", str(smoke_bundle)])
@@ -133,12 +138,7 @@ def test_a_run_that_refused_its_input_is_bad_input(smoke_bundle: Path, tmp_path:
                                                    monkeypatch: pytest.MonkeyPatch,
                                                    capsys: pytest.CaptureFixture[str]) -> None:
     """A refusal only a run could see (exit 2 in its run.log) is the self-test's bad input."""
-    def run_suite(engine: str, bundle: Path, out: Path, *args: object) -> int:
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "run.log").write_text("noise\nerror: --xfails x is not UTF-8 text; save it as UTF-8\n")
-        return 2
-    monkeypatch.setattr(selftest, "run_suite", run_suite)
-    monkeypatch.setattr(cli, "_selftest_preflight", lambda *a: None)
+    _runs_end(monkeypatch, 2, "noise\nerror: --xfails x is not UTF-8 text; save it as UTF-8\n")
     root = seed_stale_selftest(tmp_path / "st")
     _refused(["--report-dir", str(root), "--no-control", "--mutant", "ids_plus_one",
               "--bundle", str(smoke_bundle)], "refused its input (--xfails x is not UTF-8", root, capsys,
