@@ -38,6 +38,7 @@ from harness.run_inputs import (
     output_file_problem,
     text_file_problem,
 )
+from harness.selftest import RUN_LIMIT_S
 from harness.xfails import xfails_file_name
 
 PROG = "eagle3-conformance"
@@ -218,6 +219,9 @@ def cmd_selftest(a: argparse.Namespace, extra: Sequence[str]) -> int:
     _clear_selftest(root)
     if a.jobs < 1:
         raise CliError(f"--jobs {a.jobs} is not a process count; pass 1 or more")
+    if not 0 <= a.run_timeout < float("inf"):
+        raise CliError(f"--run-timeout {a.run_timeout} is not a number of seconds; pass one > 0, "
+                       f"or 0 for no limit")
     _problem(device_problem(a.device) or input_path_problem("--bundle", a.bundle, "folder"))
     bundle = bundle_path(a.bundle)
     _check_bundle(bundle, ())
@@ -246,7 +250,7 @@ def cmd_selftest(a: argparse.Namespace, extra: Sequence[str]) -> int:
     done: list[str] = []
 
     def one(run: tuple[str, Path]) -> int:
-        code = run_suite(run[0], bundle, run[1], a.profile, extra, flags)
+        code = run_suite(run[0], bundle, run[1], a.profile, extra, flags, a.run_timeout or None)
         done.append(run[0])  # progress while a long selftest runs: its report.json is there now
         print(f"[{len(done)}/{len(runs)}] {run[0]} finished (exit {code}); {run[1] / 'report.json'}",
               file=sys.stderr, flush=True)
@@ -449,6 +453,9 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--jobs", type=int, default=1, metavar="N",
                     help="suite runs side by side (one core each; default 1). Timing checks "
                          "(the throughput gate) need a core per run: keep N <= cores")
+    st.add_argument("--run-timeout", type=float, default=RUN_LIMIT_S, metavar="S",
+                    help=f"stop a suite run after S seconds and count it as not run (default "
+                         f"{RUN_LIMIT_S:g}; 0: no limit). Engine calls have their own deadlines")
     st.set_defaults(func=cmd_selftest)
 
     golden = sub.add_parser("golden", help="build or verify a golden bundle")

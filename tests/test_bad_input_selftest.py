@@ -59,6 +59,9 @@ CASES: dict[str, tuple[list[str], str]] = {
     "mutant-unknown": (["--mutant", "no_such_bug"], "no mutant 'no_such_bug'"),
     "dtype-unknown": (["--dtype", "int4"], "invalid choice: 'int4'"),
     "profile-unknown": (["--profile", "weekly"], "invalid choice: 'weekly'"),
+    "run-timeout-negative": (["--run-timeout", "-5"], "--run-timeout -5.0 is not a number of seconds"),
+    "run-timeout-nan": (["--run-timeout", "nan"], "--run-timeout nan is not a number of seconds"),
+    "run-timeout-not-a-number": (["--run-timeout", "soon"], "argument --run-timeout: invalid float"),
     "bf16-only-mutants": (["--dtype", "bfloat16", "--mutant", "aux_rounded_bf16"],
                           "no mutant applies in bfloat16"),
 }
@@ -143,3 +146,21 @@ def test_a_run_that_refused_its_input_is_bad_input(smoke_bundle: Path, tmp_path:
     _refused(["--report-dir", str(root), "--no-control", "--mutant", "ids_plus_one",
               "--bundle", str(smoke_bundle)], "refused its input (--xfails x is not UTF-8", root, capsys,
              ran=True)
+
+
+def test_a_run_past_its_limit_is_stopped(smoke_bundle: Path, tmp_path: Path) -> None:
+    """The hang test of selftest: a suite run that outlives --run-timeout (here a run given
+    half a second, so it is still starting) is killed with its process group and returns
+    TIMED_OUT, which the scoring counts as not run; its run.log says why."""
+    import time
+
+    from harness.selftest import TIMED_OUT
+
+    out = tmp_path / "run"
+    start = time.monotonic()
+    code = _real_run_suite("zoo:ids_plus_one", smoke_bundle, out, "ci", [], [], 0.5)
+    assert code == TIMED_OUT and time.monotonic() - start < 15
+    assert "stopped this run after 0.5 s" in (out / "run.log").read_text()
+
+
+_real_run_suite = selftest.run_suite  # before the autouse fixture replaces it
