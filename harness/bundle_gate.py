@@ -1,6 +1,8 @@
 """Whether a loaded bundle may certify anything: the committed bundle must be at its pinned
 digest, and every draft must lint clean. Neither is a finding about the engine, so both are
-refused as bad input (exit 2) before any check runs, by `run`, `selftest` and `golden`.
+refused as bad input (exit 2) before any check runs: a draft failing lint by every command
+that loads a bundle, the pin by the certifying ones, `run` and `selftest` (`golden verify
+--pinned` checks it on request; `golden diff` must still show what a tamperer changed).
 
 Why the pin is checked on every run of the committed bundle: its manifest pins every file's
 sha256, so a tamperer who edits a file and recomputes the hashes leaves a self-consistent
@@ -41,7 +43,9 @@ def committed_pin_problem(bundle: Bundle) -> str | None:
     if not is_committed(bundle):
         return None
     problem = pinned_problem(bundle.name, bundle.path / MANIFEST)
-    return None if problem is None else f"the committed bundle fails its pin: {problem}"
+    return None if problem is None else (
+        f"the committed bundle fails its pin: {problem} (rebuilt on purpose: pin its new digest "
+        f"in harness/golden/integrity.py)")
 
 
 def bundle_lint_problem(bundle: Bundle) -> str | None:

@@ -333,7 +333,8 @@ def cmd_golden_build(a: argparse.Namespace, extra: Sequence[str]) -> int:
 def cmd_golden_diff(a: argparse.Namespace, extra: Sequence[str]) -> int:
     from harness.golden.bundle import bundle_differences
 
-    first, second = _check_bundle(a.first, (), "FIRST"), _check_bundle(a.second, (), "SECOND")
+    first, second = (_check_bundle(a.first, (), "FIRST", pinned=False),
+                     _check_bundle(a.second, (), "SECOND", pinned=False))
     diffs = bundle_differences(first, second)
     for line in diffs:
         print(line)
@@ -348,7 +349,7 @@ def cmd_golden_verify(a: argparse.Namespace, extra: Sequence[str]) -> int:
     from harness.golden.bundle import MANIFEST
     from harness.golden.integrity import pinned_problem
 
-    bundle = _check_bundle(a.path, (), "PATH")
+    bundle = _check_bundle(a.path, (), "PATH", pinned=False)  # the pin: --pinned, below
     if a.pinned:
         problem = pinned_problem(bundle.name, Path(a.path) / MANIFEST)
         if problem:
@@ -361,7 +362,7 @@ def cmd_golden_verify(a: argparse.Namespace, extra: Sequence[str]) -> int:
 def cmd_golden_wirings(a: argparse.Namespace, extra: Sequence[str]) -> int:
     from harness.golden.wirings import wiring_table_markdown
 
-    bundle = _check_bundle(a.path, (), "PATH")
+    bundle = _check_bundle(a.path, (), "PATH", pinned=False)
     text = wiring_table_markdown(bundle.manifest)
     if text.count("\n") < 2:
         raise CliError(f"{a.path} records no wiring table (built before it existed); rebuild it "

@@ -146,7 +146,8 @@ def test_run_checks_the_pin_of_the_committed_bundle(smoke_bundle: Path, tmp_path
     root = tmp_path / "st"
     refused(["selftest", "--report-dir", str(root), "--no-control", "--mutant", "ids_plus_one"],
             capsys, "fails its pin")
-    refused(["golden", "verify", str(bad)], capsys, "fails its pin")
+    refused(["golden", "verify", "--pinned", str(bad)], capsys, "pinned at")
+    assert cli.main(["golden", "diff", str(bad), str(smoke_bundle)]) == 1  # shows what changed
 
 
 def test_the_untampered_committed_bundle_passes_its_pin(smoke_bundle: Path, tmp_path: Path,
