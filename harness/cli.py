@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from harness.options import (
+    MAX_XFAILS_BYTES,
     RUN_OPTIONS,
     OptionError,
     add_run_options,
@@ -31,6 +32,14 @@ from harness.options import (
 )
 from harness.report import clear_reports, verdict_line, write_atomic
 from harness.report_md import kept_sections, render_conformance_table
+from harness.run_inputs import (
+    device_problem,
+    input_path_problem,
+    output_file_problem,
+    text_file_problem,
+)
+from harness.selftest import RUN_LIMIT_S
+from harness.xfails import xfails_file_name
 
 PROG = "eagle3-conformance"
 DEBUG_ENV = "EAGLE3_CONFORMANCE_DEBUG"
@@ -69,16 +78,23 @@ def _check_engine(name: str) -> None:
               file=sys.stderr)
 
 
-def _check_bundle(path: Path, drafts: Sequence[str]) -> Any:
+def _check_bundle(path: str | Path, drafts: Sequence[str], arg: str = "--bundle",
+                  pinned: bool = True) -> Any:
     try:
-        return load_run_bundle(path, drafts)
+        return load_run_bundle(path, drafts, arg, pinned)
     except OptionError as e:
         raise CliError(str(e)) from None
 
 
-def _report_dir(path: Path) -> Path:
+def _problem(problem: str | None) -> None:
+    """A problem found by a harness.run_inputs check is bad input: one line, exit 2."""
+    if problem:
+        raise CliError(problem)
+
+
+def _report_dir(given: str | Path) -> Path:
     try:
-        return prepare_report_dir(path)
+        return prepare_report_dir(given)
     except OptionError as e:
         raise CliError(str(e)) from None
 
@@ -117,12 +133,18 @@ def cmd_run(a: argparse.Namespace, extra: Sequence[str]) -> int:
     import pytest
 
     # cleared first: a run refused below must not leave the previous verdict standing
-    report_dir = _report_dir(Path(a.report_dir) if a.report_dir else Path("reports") / _safe(a.engine))
+    report_dir = _report_dir(a.report_dir if a.report_dir is not None
+                             else Path("reports") / _safe(a.engine))
     try:
         validate(vars(a))
     except OptionError as e:
         raise CliError(str(e)) from None
     _check_engine(a.engine)
+    if a.xfails is None:  # the engine's own file, read by the plugin: refused here, in one line
+        default = _suites() / "xfails" / xfails_file_name(a.engine)
+        if default.exists():
+            _problem(text_file_problem(f"the xfails file of engine {a.engine}", default,
+                                       MAX_XFAILS_BYTES))
     bundle = bundle_path(a.bundle)
     _check_bundle(bundle, a.draft or ())
     code = int(pytest.main(_pytest_args(a, bundle, report_dir, extra)))
@@ -142,10 +164,65 @@ def cmd_run(a: argparse.Namespace, extra: Sequence[str]) -> int:
 # -- selftest --------------------------------------------------------------------------------
 
 
+SELFTEST_JSON = "selftest.json"
+
+
+def _clear_selftest(root: Path) -> None:
+    """A previous self-test's verdicts under `root` (selftest.json, the control's and every
+    mutant's reports) go first: a refused or interrupted self-test leaves none standing."""
+    if not root.is_dir():
+        return
+    (root / SELFTEST_JSON).unlink(missing_ok=True)
+    for sub in [root / "control", *sorted((root / "mutants").glob("*"))]:
+        if sub.is_dir():
+            clear_reports(sub)
+
+
+def _selftest_preflight(bundle: Path, flags: Sequence[str], profile: str,
+                        extra: Sequence[str]) -> None:
+    """Collect the suite once, with every flag each run will get, before any mutant runs: a
+    flag pytest refuses, a -k that selects nothing or a device torch cannot use is bad input,
+    which scored would read "every mutant missed"."""
+    import subprocess
+
+    cmd = [sys.executable, "-m", "pytest", str(_suites()), "--collect-only", "-q",
+           "-p", "no:cacheprovider", "--engine", "reference", "--bundle", str(bundle),
+           "--hypothesis-profile", profile, *flags, *extra]
+    done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if done.returncode == 0:
+        return
+    if done.returncode == 5:
+        raise CliError(f"the pytest arguments after `--` ({' '.join(extra)}) select no check; "
+                       f"fix them (list the checks with `{PROG} run -- --collect-only -q`)")
+    said = [ln.strip() for ln in (done.stderr + done.stdout).splitlines()
+            if "error" in ln.lower() and ln.strip()]
+    why = (said[-1] if said else f"pytest exit code {done.returncode}").removeprefix("ERROR: ")
+    raise CliError(f"the suite cannot run with these arguments ({why[:300]}); fix the flags "
+                   f"after `--` or the selftest options — no mutant was scored")
+
+
+def _run_error_line(report_dir: Path) -> str:
+    """The `error:` line a refused suite run ended with (its run.log), or a pointer to it."""
+    try:
+        lines = (report_dir / "run.log").read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError:
+        lines = []
+    errors = [ln for ln in lines if ln.startswith("error: ")]
+    return errors[-1].removeprefix("error: ") if errors else f"see {report_dir / 'run.log'}"
+
+
 def cmd_selftest(a: argparse.Namespace, extra: Sequence[str]) -> int:
     from harness.registry import _mutant_class, zoo_mutants
     from harness.selftest import run_suite, score_mutant
 
+    root = _report_dir(a.report_dir)  # first: a refused self-test leaves no verdict
+    _clear_selftest(root)
+    if a.jobs < 1:
+        raise CliError(f"--jobs {a.jobs} is not a process count; pass 1 or more")
+    if not 0 <= a.run_timeout < float("inf"):
+        raise CliError(f"--run-timeout {a.run_timeout} is not a number of seconds; pass one > 0, "
+                       f"or 0 for no limit")
+    _problem(device_problem(a.device) or input_path_problem("--bundle", a.bundle, "folder"))
     bundle = bundle_path(a.bundle)
     _check_bundle(bundle, ())
     zoo = zoo_mutants()
@@ -156,9 +233,6 @@ def cmd_selftest(a: argparse.Namespace, extra: Sequence[str]) -> int:
     unknown = [n for n in names if n not in zoo]
     if unknown:
         raise CliError(f"no mutant {unknown[0]!r}; choose from {', '.join(sorted(zoo))}")
-    root = _report_dir(Path(a.report_dir))
-    if a.jobs < 1:
-        raise CliError(f"--jobs {a.jobs} is not a process count; pass 1 or more")
     # every run, control and mutants, in the same dtype and on the same device: a mutant must
     # stay caught, with its diagnosis, where the judgement is the reduced-precision one
     flags = forward({"dtype": a.dtype, "device": a.device})
@@ -168,12 +242,15 @@ def cmd_selftest(a: argparse.Namespace, extra: Sequence[str]) -> int:
     for name, why in skipped.items():
         print(f"{'zoo:' + name:<40} not run: {why} (excluded from the scores)")
     names = [n for n in names if n not in skipped]
+    if not names:
+        raise CliError(f"no mutant applies in {a.dtype}; choose others or another --dtype")
+    _selftest_preflight(bundle, flags, a.profile, extra)
     runs = ([] if a.no_control else [("reference", root / "control")]) + [
         (f"zoo:{name}", root / "mutants" / _safe(name)) for name in names]
     done: list[str] = []
 
     def one(run: tuple[str, Path]) -> int:
-        code = run_suite(run[0], bundle, run[1], a.profile, extra, flags)
+        code = run_suite(run[0], bundle, run[1], a.profile, extra, flags, a.run_timeout or None)
         done.append(run[0])  # progress while a long selftest runs: its report.json is there now
         print(f"[{len(done)}/{len(runs)}] {run[0]} finished (exit {code}); {run[1] / 'report.json'}",
               file=sys.stderr, flush=True)
@@ -183,6 +260,11 @@ def cmd_selftest(a: argparse.Namespace, extra: Sequence[str]) -> int:
     # runs side by side use `jobs` cores; the exit codes are read back in the runs' order
     with ThreadPoolExecutor(max_workers=a.jobs) as pool:
         codes = dict(zip((engine for engine, _ in runs), pool.map(one, runs), strict=True))
+    refused = [(engine, out) for engine, out in runs if codes[engine] == 2]
+    if refused:  # bad input the preflight could not see: no run of it is a result
+        engine, out = refused[0]
+        raise CliError(f"the {engine} run refused its input ({_run_error_line(out)}); nothing "
+                       f"was scored")
     control = None
     if not a.no_control:
         code = codes["reference"]
@@ -190,10 +272,14 @@ def cmd_selftest(a: argparse.Namespace, extra: Sequence[str]) -> int:
         verdict = report["summary"]["verdict"] if report and code in (0, 1) else "error"
         control = {"engine": "reference", "verdict": verdict, "report_dir": str(root / "control")}
         print(f"{'control: reference':<40} {verdict}")
-    results = []
+    results, not_run = [], {}
     for name in names:
         out = root / "mutants" / _safe(name)
         result = score_mutant(name, zoo[name], codes[f"zoo:{name}"], _read_report(out), out)
+        if "error" in result:  # it did not run to a verdict: neither caught nor missed
+            not_run[name] = result["error"]
+            print(f"{'zoo:' + name:<40} NOT RUN: {result['error']} ({out / 'run.log'})")
+            continue
         results.append(result)
         print(f"{'zoo:' + name:<40} {'caught' if result['caught'] else 'MISSED':<7} "
               f"diagnosis {','.join(result['diagnosis_kinds']) or '-'} "
@@ -201,20 +287,24 @@ def cmd_selftest(a: argparse.Namespace, extra: Sequence[str]) -> int:
               f"{'ok' if result['diagnosis_correct'] else 'WRONG'}")
     total = len(results)
     if not total:
-        raise CliError(f"no mutant applies in {a.dtype}; choose others or another --dtype")
+        print(f"error: no mutant run reached a verdict ({len(not_run)} ended without a report; "
+              f"see their run.log under {root / 'mutants'}); no score — this is a fault of the "
+              f"suite or its environment, not a result", file=sys.stderr)
+        return 3
     mutation_score = sum(r["caught"] for r in results) / total
     diagnosis_score = sum(r["diagnosis_correct"] for r in results) / total
-    ok = (mutation_score == 1.0 and diagnosis_score == 1.0
+    ok = (mutation_score == 1.0 and diagnosis_score == 1.0 and not not_run
           and (control is None or control["verdict"] == "conformant"))
     summary = {"format_version": 1, "bundle": str(bundle.resolve()), "profile": a.profile,
                "dtype": a.dtype, "device": a.device, "control": control, "mutants": results, "total": total,
-               "not_applicable": skipped,
+               "not_applicable": skipped, "not_run": not_run,
                "caught": sum(r["caught"] for r in results),
                "mutation_score": mutation_score, "diagnosis_score": diagnosis_score, "passed": ok}
-    write_atomic(root / "selftest.json", json.dumps(summary, indent=2) + "\n")
-    print(f"selftest: mutation score {mutation_score:.2f}, diagnosis score {diagnosis_score:.2f}"
+    write_atomic(root / SELFTEST_JSON, json.dumps(summary, indent=2) + "\n")
+    print(f"selftest: mutation score {mutation_score:.2f}, diagnosis score {diagnosis_score:.2f} "
+          f"over the {total} mutant(s) that ran{f' ({len(not_run)} did not run)' if not_run else ''}"
           f"{'' if control is None else ', control ' + control['verdict']} — "
-          f"{root / 'selftest.json'}")
+          f"{root / SELFTEST_JSON}")
     return 0 if ok else 1
 
 
@@ -235,7 +325,7 @@ def cmd_golden_build(a: argparse.Namespace, extra: Sequence[str]) -> int:
                            tries=a.tries, device=a.device)
     except ValueError as e:
         raise CliError(str(e).splitlines()[0]) from None
-    bundle = _check_bundle(out, ())
+    bundle = _check_bundle(out, (), "--out", pinned=False)  # a new build has no pin yet
     print(f"built {out}: manifest sha256 {bundle.manifest_sha256()[:16]}")
     return 0
 
@@ -243,7 +333,8 @@ def cmd_golden_build(a: argparse.Namespace, extra: Sequence[str]) -> int:
 def cmd_golden_diff(a: argparse.Namespace, extra: Sequence[str]) -> int:
     from harness.golden.bundle import bundle_differences
 
-    first, second = _check_bundle(Path(a.first), ()), _check_bundle(Path(a.second), ())
+    first, second = (_check_bundle(a.first, (), "FIRST", pinned=False),
+                     _check_bundle(a.second, (), "SECOND", pinned=False))
     diffs = bundle_differences(first, second)
     for line in diffs:
         print(line)
@@ -258,7 +349,7 @@ def cmd_golden_verify(a: argparse.Namespace, extra: Sequence[str]) -> int:
     from harness.golden.bundle import MANIFEST
     from harness.golden.integrity import pinned_problem
 
-    bundle = _check_bundle(Path(a.path), ())
+    bundle = _check_bundle(a.path, (), "PATH", pinned=False)  # the pin: --pinned, below
     if a.pinned:
         problem = pinned_problem(bundle.name, Path(a.path) / MANIFEST)
         if problem:
@@ -271,7 +362,7 @@ def cmd_golden_verify(a: argparse.Namespace, extra: Sequence[str]) -> int:
 def cmd_golden_wirings(a: argparse.Namespace, extra: Sequence[str]) -> int:
     from harness.golden.wirings import wiring_table_markdown
 
-    bundle = _check_bundle(Path(a.path), ())
+    bundle = _check_bundle(a.path, (), "PATH", pinned=False)
     text = wiring_table_markdown(bundle.manifest)
     if text.count("\n") < 2:
         raise CliError(f"{a.path} records no wiring table (built before it existed); rebuild it "
@@ -280,22 +371,37 @@ def cmd_golden_wirings(a: argparse.Namespace, extra: Sequence[str]) -> int:
     return 0
 
 
+# A report.json of the whole suite against one engine is a few hundred kilobytes; the table
+# refuses what is a hundred times that rather than parse a wrong file for minutes.
+MAX_REPORT_BYTES = 64 << 20
+
+
 def cmd_table(a: argparse.Namespace, extra: Sequence[str]) -> int:
     for p in a.reports:
-        if not Path(p).is_file():
-            raise CliError(f"{p} does not exist; pass report.json files written by `{PROG} run`")
+        problem = text_file_problem("REPORT.json", p, MAX_REPORT_BYTES)
+        if problem:
+            raise CliError(f"{problem} (a report.json written by `{PROG} run`)")
+    if a.out is not None:
+        _problem(output_file_problem("--out", a.out))
     try:
         text = render_conformance_table([Path(p) for p in a.reports])
-    except (ValueError, KeyError, TypeError) as e:  # JSONDecodeError is a ValueError
+    except (ValueError, KeyError, TypeError, AttributeError) as e:  # JSONDecodeError: ValueError
+        # the table reads nothing but these files: any shape it cannot read is theirs
         raise CliError(f"cannot read the reports ({str(e).splitlines()[0]}); pass report.json "
                        f"files written by `{PROG} run`") from None
-    if a.out:
+    if a.out is not None:
         out = Path(a.out)
+        if out.is_file():
+            _problem(text_file_problem("--out", out, MAX_REPORT_BYTES))
         try:
             text += kept_sections(out.read_text(encoding="utf-8") if out.is_file() else "")
         except ValueError as e:
             raise CliError(f"{out}: {e}; close or delete that section") from None
-        write_atomic(out, text)
+        try:
+            write_atomic(out, text)
+        except OSError as e:
+            raise CliError(f"--out {out} cannot be written ({e.strerror or e}); pass a writable "
+                           f"path") from None
         print(f"wrote {a.out}")
     else:
         sys.stdout.write(text)
@@ -348,6 +454,9 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--jobs", type=int, default=1, metavar="N",
                     help="suite runs side by side (one core each; default 1). Timing checks "
                          "(the throughput gate) need a core per run: keep N <= cores")
+    st.add_argument("--run-timeout", type=float, default=RUN_LIMIT_S, metavar="S",
+                    help=f"stop a suite run after S seconds and count it as not run (default "
+                         f"{RUN_LIMIT_S:g}; 0: no limit). Engine calls have their own deadlines")
     st.set_defaults(func=cmd_selftest)
 
     golden = sub.add_parser("golden", help="build or verify a golden bundle")
@@ -406,9 +515,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _clear_refused_run(argv: Sequence[str]) -> None:
-    """A `run` refused while its arguments were parsed (before cmd_run could clear the report
-    folder) must not leave the previous verdict standing either: clear the folder it names."""
-    if not argv or argv[0] != "run":
+    """A `run` or `selftest` refused while its arguments were parsed (before the command could
+    clear its report folder) must not leave the previous verdict standing either: clear the
+    folder it names."""
+    if not argv or argv[0] not in ("run", "selftest"):
         return
     given = None
     for i, arg in enumerate(argv):
@@ -416,9 +526,9 @@ def _clear_refused_run(argv: Sequence[str]) -> None:
             given = argv[i + 1]
         elif arg.startswith("--report-dir="):
             given = arg.split("=", 1)[1]
-    if given is not None and Path(given).is_dir():
+    if given and input_path_problem("--report-dir", given, "folder") is None:
         try:
-            clear_reports(Path(given))
+            (_clear_selftest if argv[0] == "selftest" else clear_reports)(Path(given))
         except OSError:
             pass
 

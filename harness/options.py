@@ -15,7 +15,12 @@ from typing import Any
 
 from harness.registry import EngineLookupError, check_engine_name
 from harness.report import clear_reports
-from harness.run_inputs import run_option_problem
+from harness.run_inputs import (
+    input_path_problem,
+    output_dir_problem,
+    run_option_problem,
+    text_file_problem,
+)
 from harness.tolerances import DTYPES
 
 
@@ -88,26 +93,38 @@ def forward(values: Mapping[str, Any]) -> list[str]:
     return args
 
 
+# An xfails file is one line per known nonconformance; a megabyte is thousands of checks more
+# than the suite has, so a bigger one is the wrong file (a log, a binary), not a list.
+MAX_XFAILS_BYTES = 1 << 20
+
+
 def validate(values: Mapping[str, Any]) -> None:
     """The checks that need no engine loaded: engine name syntax, k, the timeout scale, the
-    device (harness.run_inputs), the xfails file."""
+    device (harness.run_inputs), the bundle path, the xfails file."""
     try:
         check_engine_name(values["engine"])
     except EngineLookupError as e:
         raise OptionError(str(e)) from None
-    problem = run_option_problem(values["device"], values["num_draft_tokens"],
-                                 values["engine_timeout_scale"])
+    problem = (run_option_problem(values["device"], values["num_draft_tokens"],
+                                  values["engine_timeout_scale"])
+               or input_path_problem("--bundle", values.get("bundle"), "folder"))
     if problem:
         raise OptionError(problem)
     xfails = values.get("xfails")
-    if xfails and not Path(xfails).is_file():
-        raise OptionError(f"xfails file {xfails} does not exist; pass an existing file or drop "
-                          f"--xfails")
+    if xfails is not None:
+        problem = text_file_problem("--xfails", xfails, MAX_XFAILS_BYTES)
+        if problem:
+            raise OptionError(problem + " (or drop --xfails)")
 
 
-def prepare_report_dir(path: Path) -> Path:
+def prepare_report_dir(given: str | Path) -> Path:
     """Create the folder and remove an earlier run's reports from it (first thing in a run,
-    so that even a run refused later leaves no stale report)."""
+    so that even a run refused later leaves no stale report). `given` as the user wrote it:
+    an empty one is refused, not read as the current folder."""
+    problem = output_dir_problem("--report-dir", given)
+    if problem:
+        raise OptionError(problem)
+    path = Path(given)
     try:
         path.mkdir(parents=True, exist_ok=True)
         clear_reports(path)
@@ -118,21 +135,34 @@ def prepare_report_dir(path: Path) -> Path:
 
 
 def bundle_path(given: str | Path | None) -> Path:
-    if given:
+    """The bundle `--bundle` names; the committed one only when it names none (None): an
+    empty `--bundle ''` is refused by `validate`, never read as "the default"."""
+    if given is not None:
         return Path(given)
     from harness.paths import default_bundle_path
 
     return default_bundle_path()
 
 
-def load_run_bundle(path: Path, drafts: Sequence[str] = ()) -> Any:
-    """The bundle, loaded and hash-verified, with every requested draft in it."""
+def load_run_bundle(path: str | Path, drafts: Sequence[str] = (), arg: str = "--bundle",
+                    pinned: bool = True) -> Any:
+    """The bundle, loaded and hash-verified, its drafts linted clean, the committed one at its
+    pinned digest (unless `pinned` is False: `golden build` writing a new one), with every
+    requested draft in it. Anything else is bad input (a bundle that cannot be trusted
+    certifies nothing), never a verdict about the engine."""
+    from harness.bundle_gate import bundle_lint_problem, committed_pin_problem
     from harness.golden.bundle import BundleError, load_bundle
 
+    problem = input_path_problem(arg, path, "folder")  # the string as given: '' is not '.'
+    if problem:
+        raise OptionError(problem)
     try:
         bundle = load_bundle(path)
     except BundleError as e:
         raise OptionError(str(e)) from None
+    problem = (committed_pin_problem(bundle) if pinned else None) or bundle_lint_problem(bundle)
+    if problem:
+        raise OptionError(problem)
     for d in drafts:
         if d not in bundle.draft_names:
             raise OptionError(f"bundle {path} has no draft {d!r}; choose from "

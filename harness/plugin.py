@@ -36,7 +36,7 @@ from harness.outcomes import check_outcome, exception_message, root_failure
 from harness.registry import engine_path
 from harness.report import ReportCollector, verdict_line, write_reports
 from harness.session import State
-from harness.xfails import XfailRule, check_id, read_xfails, xfails_file_name
+from harness.xfails import XfailRule, XfailsError, check_id, read_xfails, xfails_file_name
 
 PLUGIN_FIXTURES = frozenset({"bundle", "draft_name", "engine", "engine_class", "engine_options",
                              "report"})
@@ -61,8 +61,8 @@ def _state(config: pytest.Config) -> State:
 def pytest_configure(config: pytest.Config) -> None:
     report_dir = config.getoption("report_dir")
     try:
-        if report_dir:  # first, so that even a run refused below leaves no stale report
-            prepare_report_dir(Path(report_dir))
+        if report_dir is not None:  # first, so that even a run refused below leaves no stale report
+            prepare_report_dir(report_dir)
         validate({opt.dest: config.getoption(opt.dest) for opt in RUN_OPTIONS})
     except OptionError as e:
         raise pytest.UsageError(str(e)) from None
@@ -130,7 +130,11 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         from harness.paths import suites_path
 
         state.xfails_path = suites_path() / "xfails" / xfails_file_name(state.engine_name)
-    rules = read_xfails(state.xfails_path)
+    try:
+        rules = read_xfails(state.xfails_path)
+    except XfailsError as e:
+        state.usage_error = str(e)
+        raise pytest.UsageError(state.usage_error) from None
     used: set[XfailRule] = set()
     for item in checks:
         params = getattr(getattr(item, "callspec", None), "params", {})
@@ -213,8 +217,9 @@ def engine(pytestconfig: pytest.Config, engine_class: type, engine_options: Any,
         pytest.skip(state.hung)
     budget = timeouts.CallBudget(scale=pytestconfig.getoption("engine_timeout_scale"))
     try:
-        instance = timeouts.start_engine(
-            lambda: engine_class(bundle.target_dir, bundle.draft_dir(draft_name), options), budget)
+        instance, budget = timeouts.start_measured(
+            lambda: engine_class(bundle.target_dir, bundle.draft_dir(draft_name), options), budget,
+            engine_class)
     except (EngineUnavailable, timeouts.EngineHang) as e:
         state.engine_problem = f"engine {state.engine_name} unavailable: {e}"
         report.engine_unavailable = state.engine_problem

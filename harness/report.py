@@ -297,6 +297,9 @@ def verdict_line(report: dict[str, Any], report_dir: Path | None = None) -> str:
         line += f" — {s['verdict_reason']}"
     if s.get("coverage"):
         line += f" — {coverage_text(s)}"
+    if (report.get("bundle") or {}).get("pinned") is False:
+        line += (f" — bundle {report['bundle'].get('name')} is unpinned (not the committed, "
+                 f"digest-pinned bundle: certified against your own data)")
     if report_dir is not None:
         line += f" — report: {Path(report_dir) / 'report.md'}"
     return line

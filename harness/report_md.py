@@ -46,12 +46,19 @@ def _metric_rows(report: dict[str, Any]) -> list[tuple[str, str, str]]:
     return rows
 
 
+def _pin_note(bundle: dict[str, Any]) -> str:
+    """" — unpinned" for a bundle that is not the committed, digest-pinned one (reports written
+    before the field existed say nothing)."""
+    return " — **unpinned** (not the committed, digest-pinned bundle)" if bundle.get("pinned") is False else ""
+
+
 def render_markdown(report: dict[str, Any]) -> str:
     e, b, s = report["engine"], report["bundle"], report["summary"]
     out = [f"# EAGLE-3 conformance: {e['name']}", "",
            f"**Verdict: {s['verdict']}** — {s['verdict_reason']}", "",
            f"- engine: `{e['name']}` {e.get('version') or '(version unknown)'}",
-           f"- bundle: `{b.get('name') or '—'}` sha256 `{(b.get('sha256') or '')[:16]}` ({b.get('path')})",
+           f"- bundle: `{b.get('name') or '—'}` sha256 `{(b.get('sha256') or '')[:16]}` ({b.get('path')})"
+           f"{_pin_note(b)}",
            f"- drafts: {', '.join(report['drafts']) or '—'}; dtype: {report.get('dtype')}",
            f"- started {report['started']}, {report['duration_s']} s",
            f"- {s['passed']} passed, {s['failed']} failed, {s['errors']} errors, "
@@ -154,6 +161,41 @@ def kept_sections(old_text: str) -> str:
     return "".join(f"\n{k}\n" for k in kept)
 
 
+def _count(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+
+def report_shape_problem(data: Any) -> str | None:
+    """What the table reads from a report.json, typed as it reads it; the first field that is
+    not (one phrase), or None. A report of another shape is bad input, not a crash."""
+    if not isinstance(data, dict):
+        return f"it holds a JSON {type(data).__name__}, not an object"
+    for key in ("engine", "summary"):
+        if not isinstance(data.get(key), dict):
+            return f"{key!r} is {data.get(key)!r:.40}, not an object"
+    for key in ("bundle", "metrics", "options", "observed_convention"):
+        if data.get(key) is not None and not isinstance(data[key], dict):
+            return f"{key!r} is {data[key]!r:.40}, not an object"
+    s = data["summary"]
+    if not isinstance(s.get("verdict"), str):
+        return f"summary.verdict is {s.get('verdict')!r:.40}, not a string"
+    for key in ("passed", "failed", "skipped"):
+        if not _count(s.get(key)):
+            return f"summary.{key} is {s.get(key)!r:.40}, not a count"
+    if s.get("xfailed") is not None and not _count(s["xfailed"]):
+        return f"summary.xfailed is {s['xfailed']!r:.40}, not a count"
+    checks = data.get("checks")
+    if not isinstance(checks, list):
+        return f"'checks' is {checks!r:.40}, not a list"
+    for c in checks:
+        if not (isinstance(c, dict) and isinstance(c.get("id"), str) and isinstance(c.get("status"), str)):
+            return f"a check entry is {c!r:.40}, not an object with a string id and status"
+        diags = c.get("diagnoses", [])
+        if not (isinstance(diags, list) and all(isinstance(d, dict) for d in diags)):
+            return f"check {c['id']}: 'diagnoses' is {diags!r:.40}, not a list of objects"
+    return None
+
+
 def render_conformance_table(report_jsons: Sequence[Path]) -> str:
     """docs/CONFORMANCE.md: one section per engine, every check with its result and diagnosis.
 
@@ -163,9 +205,10 @@ def render_conformance_table(report_jsons: Sequence[Path]) -> str:
     reports = []
     for path in report_jsons:
         data = json.loads(Path(path).read_text(encoding="utf-8"))
-        if not isinstance(data, dict) or "checks" not in data or "engine" not in data:
-            raise ValueError(f"{path} is not a report.json (no 'engine'/'checks'); pass the "
-                             f"report.json an `eagle3-conformance run` wrote")
+        problem = report_shape_problem(data)
+        if problem:
+            raise ValueError(f"{path} is not a report.json ({problem}); pass the report.json an "
+                             f"`eagle3-conformance run` wrote")
         reports.append(data)
     reports.sort(key=lambda r: (str(r["engine"].get("name")), _device(r), str(r.get("dtype")),
                                 str(r.get("started"))))
@@ -185,7 +228,8 @@ def render_conformance_table(report_jsons: Sequence[Path]) -> str:
         metrics = r.get("metrics") or {}
         out += ["", f"## {e.get('name')} ({_device(r)}, {r.get('dtype')})", "",
                 f"- version: {e.get('version') or 'unknown'}",
-                f"- bundle: `{b.get('name')}` (manifest sha256 `{(b.get('sha256') or '')[:16]}`)",
+                f"- bundle: `{b.get('name')}` (manifest sha256 `{(b.get('sha256') or '')[:16]}`)"
+                f"{_pin_note(b)}",
                 f"- date: {str(r.get('started', ''))[:10]}; dtype: {r.get('dtype')}",
                 f"- verdict: **{r['summary']['verdict']}** — {r['summary'].get('verdict_reason', '')}"]
         if metrics.get("acceptance_length") is not None:

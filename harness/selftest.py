@@ -6,6 +6,8 @@ the score of a mutant's report (caught, and named exactly). `eagle3-conformance 
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -32,24 +34,54 @@ def mutant_field(entry: Any, name: str, attr: str) -> str | None:
     return None if attr != "name" else name
 
 
+# What a suite run may take before the self-test stops it, in seconds. The engine calls of a
+# run have their own deadlines (harness.timeouts); this bounds what those cannot: a hang that
+# holds the GIL, a hang outside an engine call. The slowest runs measured are the full suite
+# against the reference (about 5 min on the 2-core CPU machine) and zoo:capture_hangs (about
+# 10 min under the old fixed first-call allowance); an hour is six times that.
+RUN_LIMIT_S = 3600.0
+TIMED_OUT = 124  # the exit status `timeout(1)` gives a command it stopped
+
+
 def run_suite(engine: str, bundle: Path, out: Path, profile: str, extra: Sequence[str],
-              run_flags: Sequence[str] = ()) -> int:
+              run_flags: Sequence[str] = (), limit_s: float | None = RUN_LIMIT_S) -> int:
     """One suite run in a fresh interpreter: a mutant that crashes, leaks threads or poisons a
     module-level cache cannot affect the next one. run_flags: run options forwarded as given
-    (--dtype, --device)."""
+    (--dtype, --device). A run past `limit_s` (None: no limit) is killed with its process
+    group, said so in its run.log, and returns TIMED_OUT: it did not run, it is not scored."""
     out.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "-m", "harness.cli", "run", "--engine", engine, "--bundle", str(bundle),
            "--report-dir", str(out), "--profile", profile, *run_flags,
            # mutants are the in-process reference on a tiny bundle: calls take seconds at most,
-           # so a quarter of the default deadlines catches zoo:capture_hangs in about 10 min
-           # (each draft's first call carries the start-up allowance). A tenth was too tight
+           # so a quarter of the default deadlines catches zoo:capture_hangs in minutes (its
+           # first call's start-up allowance follows the measured construction,
+           # harness.timeouts). A tenth was too tight
            # where runs share a loaded machine (--jobs): 36-token generations of correct
            # mutants took more than 7.8 s at five processes on two cores and read as hangs;
            # half made capture_hangs alone take over 25 min
            *(["--engine-timeout-scale", "0.25"] if engine.startswith("zoo:") else []),
            "--", "-q", "-p", "no:cacheprovider", *extra]
     with (out / "run.log").open("w", encoding="utf-8") as log:
-        return subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, check=False).returncode
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            return proc.wait(timeout=limit_s)
+        except subprocess.TimeoutExpired:
+            _kill_group(proc)
+            log.write(f"\nthe self-test stopped this run after {limit_s:g} s (its limit, "
+                      f"--run-timeout): no verdict\n")
+            return TIMED_OUT
+        except BaseException:  # Ctrl-C: no run outlives the self-test
+            _kill_group(proc)
+            raise
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    """The run and every process it started (an engine's workers)."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
 
 
 def score_mutant(name: str, entry: Any, code: int, report: dict[str, Any] | None,

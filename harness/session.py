@@ -81,11 +81,18 @@ class State:
     def bundle_json(self) -> dict[str, Any]:
         """The report's bundle entry, also when the bundle never loaded (bad input)."""
         if self._bundle is not None:
+            from harness.bundle_gate import is_pinned
+
             b = self._bundle
-            return {"path": str(Path(b.path).resolve()), "name": b.name, "sha256": b.manifest_sha256()}
+            return {"path": str(Path(b.path).resolve()), "name": b.name, "sha256": b.manifest_sha256(),
+                    "pinned": is_pinned(b)}
         path = self.bundle_path()
         manifest = path / "manifest.json"
-        out: dict[str, Any] = {"path": str(path.resolve()), "name": None, "sha256": None}
+        try:
+            where = str(path.resolve())
+        except (RuntimeError, OSError):  # a symlink loop (RuntimeError before Python 3.13)
+            where = str(path.absolute())
+        out: dict[str, Any] = {"path": where, "name": None, "sha256": None}
         if manifest.is_file():
             data = manifest.read_bytes()
             out["sha256"] = hashlib.sha256(data).hexdigest()

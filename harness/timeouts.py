@@ -15,6 +15,19 @@ allowance, and a later call's 60 s + 0.5 s per token is far beyond what the tiny
 calls take (milliseconds per token). A slow machine is not mistaken for a hung engine, and a
 hang costs minutes, not forever. Raise the scale on a slower machine or a bigger bundle.
 
+The first call's start-up allowance, measured where the engine lets it be: an adapter whose
+constructor does all the start-up (`Engine.starts_in_constructor`: the reference and the zoo)
+has its construction timed, and its first call gets STARTUP_FACTOR times that (at least
+STARTUP_FLOOR_S, at most the fixed 600 s) instead of the fixed allowance: whatever a first
+call still initialises (allocator, lazy kernels) costs less than loading both models did, so
+ten times the load is a wide margin, and the floor covers a construction that was quick
+because it was cached. What a hung first call costs at scale 1, on the tiny bundle's largest
+first call (186 tokens of work: +93 s): 60 + 600 + 93 = 753 s for an engine that starts
+lazily or does not say (vLLM, SGLang, a user adapter; they start worker processes or load on
+the first call, and a correct engine must not be called hung for starting up), but
+60 + 30 + 93 = 183 s for the reference engine and every zoo mutant, whose constructions take
+about a second. tests/test_timeouts_startup.py pins both figures.
+
 What a timeout can and cannot do: Python cannot kill a thread. An engine that runs in
 worker processes (vLLM) is stopped by closing it (the adapter kills its workers; its worker
 protocol also gives up on a reply after a fixed 900 s, `_vllm_worker.CALL_TIMEOUT_S`). An
@@ -30,7 +43,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 import pytest
@@ -41,6 +54,8 @@ from harness.report import ConformanceFailure
 T = TypeVar("T")
 
 HANG = "hang"
+STARTUP_FACTOR = 10.0  # first-call start-up allowance per second of measured construction
+STARTUP_FLOOR_S = 30.0  # ... never less than this (a construction that was fast from cache)
 
 
 class EngineHang(Exception):
@@ -59,13 +74,23 @@ class CallBudget:
     base_s: float = 60.0
     per_token_s: float = 0.5
     startup_s: float = 600.0
+    # the constructor's wall time, for an engine that does all its start-up there (None: the
+    # first call carries the fixed `startup_s`)
+    measured_startup_s: float | None = None
 
     @property
     def enabled(self) -> bool:
         return self.scale > 0
 
+    def first_call_startup_s(self) -> float:
+        """The start-up allowance of an engine's first call, before the scale."""
+        if self.measured_startup_s is None:
+            return self.startup_s
+        return min(self.startup_s, max(STARTUP_FLOOR_S, STARTUP_FACTOR * self.measured_startup_s))
+
     def seconds(self, work: int, first: bool) -> float:
-        return self.scale * (self.base_s + self.per_token_s * work + (self.startup_s if first else 0.0))
+        startup = self.first_call_startup_s() if first else 0.0
+        return self.scale * (self.base_s + self.per_token_s * work + startup)
 
     def deadline(self, work: int, first: bool) -> float | None:
         """`seconds`, or None where deadlines are off (scale 0)."""
@@ -191,3 +216,14 @@ class BoundedCalls:
 def start_engine(factory: Callable[[], T], budget: CallBudget) -> T:
     """The engine's constructor under the start-up bound; EngineHang if it never returns."""
     return call_with_deadline(factory, (), budget.startup() if budget.enabled else None, "start-up")
+
+
+def start_measured(factory: Callable[[], T], budget: CallBudget,
+                   engine_class: type) -> tuple[T, CallBudget]:
+    """`start_engine`, and the budget for the engine's calls: with the construction's measured
+    time where the class starts up in its constructor (see the module docstring)."""
+    started = time.monotonic()
+    instance = start_engine(factory, budget)
+    if not getattr(engine_class, "starts_in_constructor", False):
+        return instance, budget
+    return instance, replace(budget, measured_startup_s=time.monotonic() - started)

@@ -24,11 +24,23 @@ class XfailRule:
         return any(re.fullmatch(rx, i) for i in ids)
 
 
+class XfailsError(ValueError):
+    """An xfails file that cannot be read as text; the message is one line with the fix."""
+
+
 def read_xfails(path: Path) -> list[XfailRule]:
     if not path.is_file():
         return []
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise XfailsError(f"xfails file {path} is not UTF-8 text (byte {e.object[e.start]:#04x} "
+                          f"at offset {e.start}); save it as UTF-8") from None
+    except OSError as e:
+        raise XfailsError(f"xfails file {path} cannot be read ({e.strerror or e}); fix its "
+                          f"permissions or pass another --xfails") from None
     rules = []
-    for n, raw in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+    for n, raw in enumerate(text.splitlines(), 1):
         pattern, _, reason = raw.partition("#")
         if pattern.strip():
             rules.append(XfailRule(pattern.strip(), reason.strip() or "known nonconformance",

@@ -82,3 +82,40 @@ def edit_json(path: Path, change: Callable[[dict], Any]) -> None:
     data = json.loads(path.read_text())
     change(data)
     path.write_text(json.dumps(data))
+
+
+def symlink_loop(folder: Path, name: str = "loop") -> Path:
+    """A path that is a symlink to itself: `Path.resolve` raises RuntimeError on it (before
+    Python 3.13), `is_dir` merely says False."""
+    link = folder / name
+    link.symlink_to(link)
+    return link
+
+
+def seed_stale_selftest(root: Path) -> Path:
+    """A previous self-test's verdicts: selftest.json, the control's and a mutant's report."""
+    seed_stale_report(root)
+    (root / "selftest.json").write_text(json.dumps({"passed": True, "stale": True}))
+    for sub in (root / "control", root / "mutants" / "ids_plus_one"):
+        seed_stale_report(sub)
+    return root
+
+
+def assert_no_selftest(root: Path) -> None:
+    assert not (root / "selftest.json").exists(), "a stale selftest.json remains"
+    for sub in (root / "control", root / "mutants" / "ids_plus_one"):
+        if sub.is_dir():
+            assert_no_report(sub)
+
+
+def unwritable_folder() -> Path | None:
+    """A folder this process cannot write in (a chmod does not stop root; /sys does), or None."""
+    import tempfile
+
+    for candidate in (Path("/sys"), Path("/proc")):
+        if candidate.is_dir():
+            try:
+                tempfile.TemporaryFile(dir=candidate).close()
+            except OSError:
+                return candidate
+    return None

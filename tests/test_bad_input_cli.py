@@ -24,7 +24,7 @@ from harness import registry
     (["--engine-timeout-scale", "nan"], "--engine-timeout-scale nan is not a factor"),
     (["--dtype", "int8"], "invalid choice: 'int8'"),
     (["--engine", "nope"], "unknown engine 'nope'"),
-    (["--xfails", "no/such/file.txt"], "xfails file no/such/file.txt does not exist"),
+    (["--xfails", "no/such/file.txt"], "--xfails no/such/file.txt does not exist"),
     (["--draft", "no-such-draft"], "has no draft 'no-such-draft'"),
 ])
 def test_bad_run_argument(args: list[str], needle: str, tmp_path: Path,

@@ -46,7 +46,7 @@ def test_forward_passes_every_value_on_unchanged() -> None:
     ({"num_draft_tokens": 0}, "--num-draft-tokens 0 is out of range; use 1..32"),
     ({"engine_timeout_scale": -1.0}, "--engine-timeout-scale -1.0 is not a factor"),
     ({"engine": "no such"}, "unknown engine 'no such'"),
-    ({"xfails": "/nowhere/x.txt"}, "xfails file /nowhere/x.txt does not exist"),
+    ({"xfails": "/nowhere/x.txt"}, "--xfails /nowhere/x.txt does not exist"),
 ])
 def test_one_validation_for_cli_and_plugin(change: dict, needle: str, pytester: pytest.Pytester,
                                            capsys: pytest.CaptureFixture[str]) -> None:

@@ -203,7 +203,7 @@ def test_bad_bundle_stops_before_any_check(pytester: pytest.Pytester) -> None:
     result = pytester.runpytest("--bundle", str(pytester.path / "nowhere"))
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     errors = [line for line in result.stderr.lines if line.strip()]
-    assert len(errors) == 1 and errors[0].startswith("ERROR: bundle ")
+    assert len(errors) == 1 and errors[0].startswith("ERROR: --bundle ") and "does not exist" in errors[0]
     assert "Traceback" not in result.stdout.str()
 
 

@@ -142,6 +142,12 @@ class Engine(abc.ABC):
     # draft's training convention. Diagnoses word the fixing id list in it.
     convention: ClassVar[str | Convention | None] = None
     default_dtype: ClassVar[str] = "float32"
+    # True when the constructor does all the start-up (loads every model) and the first call
+    # does none: its first call's deadline is then derived from the measured construction
+    # time (harness.timeouts), not the fixed allowance a lazily-starting engine (vLLM's
+    # workers start on the first call) needs. False, the safe default for an adapter that
+    # does not say: a correct engine must never be called hung for starting up.
+    starts_in_constructor: ClassVar[bool] = False
 
     def __init__(self, target_dir: Path, draft_dir: Path, options: EngineOptions) -> None:
         self.target_dir = Path(target_dir)

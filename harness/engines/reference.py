@@ -79,6 +79,7 @@ class ReferenceEngine(Eagle3Runtime, Engine):
     capabilities = frozenset({Capability.CAPTURE, Capability.FC_PROBE, Capability.GENERATE,
                               Capability.THROUGHPUT, Capability.DECODE_INPUTS})
     convention = None  # honours the draft's training convention
+    starts_in_constructor = True  # both models load in __init__; calls only run them
     capture_batch_size = 8
     padding_side = "right"
 

@@ -195,6 +195,44 @@ def _check_manifest_types(manifest: dict[str, Any], mpath: Path) -> None:
         _need(isinstance(d, dict) and confined(mpath.parent, d.get("folder")) is None,
               f"{mpath}: draft {name!r} must be an object whose folder is inside the bundle; "
               f"restore or rebuild")
+        problem = _served_tables_problem(d, int(manifest["heldout"]["prompts"]))
+        _need(problem is None, f"{mpath}: draft {name!r}: {problem}; restore or rebuild the bundle")
+
+
+def _number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and v == v and abs(v) != float("inf")
+
+
+def _ints(v: Any) -> bool:
+    return isinstance(v, list) and all(isinstance(i, int) and not isinstance(i, bool) for i in v)
+
+
+def _served_tables_problem(draft: dict[str, Any], heldout: int) -> str | None:
+    """The optional `wirings` and `canary` entries (what serving measured at build time),
+    typed as `golden wirings` and the canary check read them, or why not."""
+    rows = draft.get("wirings")
+    if rows is not None:
+        if not isinstance(rows, dict) or "served" not in rows:
+            return f"'wirings' is {rows!r:.60}, must be an object with a 'served' row"
+        for wiring, row in rows.items():
+            if not (isinstance(row, dict) and _ints(row.get("boundaries"))
+                    and _number(row.get("acceptance_length")) and _number(row.get("loss"))):
+                return (f"wirings.{wiring} is {row!r:.60}, must hold integer 'boundaries' and "
+                        f"finite 'acceptance_length' and 'loss'")
+    canary = draft.get("canary")
+    if canary is not None:
+        if not isinstance(canary, dict):
+            return f"'canary' is {canary!r:.60}, must be an object"
+        for key in ("served", "best_wrong", "threshold"):
+            if not _number(canary.get(key)):
+                return f"canary.{key} is {canary.get(key)!r:.40}, must be a finite number"
+        if not isinstance(canary.get("best_wrong_wiring"), str):
+            return f"canary.best_wrong_wiring is {canary.get('best_wrong_wiring')!r:.40}, must be a string"
+        prompts = canary.get("prompts")
+        if not (_ints(prompts) and prompts and all(0 <= i < heldout for i in prompts)):
+            return (f"canary.prompts is {prompts!r:.60}, must be a non-empty list of held-out "
+                    f"prompt indices 0..{heldout - 1}")
+    return None
 
 
 def _check_configs(root: Path, manifest: dict[str, Any], drafts: dict[str, DraftSpec]) -> None:

@@ -38,6 +38,8 @@ def confined(root: Path, rel: object) -> str | None:
         (root / p).resolve().relative_to(root.resolve())
     except ValueError:
         return f"{rel!r} resolves outside the bundle (a symlink?)"
+    except (RuntimeError, OSError):  # Path.resolve on a symlink loop (RuntimeError before 3.13)
+        return f"{rel!r} is a symlink loop"
     return None
 
 
