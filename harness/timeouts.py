@@ -95,8 +95,15 @@ def call_with_deadline(fn: Callable[..., T], args: Sequence[Any], seconds: float
     # to the worker thread is raised here at once, not after the deadline (seen under load:
     # the interrupt of a busy capture came out as a hang)
     end = time.monotonic() + seconds
-    while worker.is_alive() and time.monotonic() < end:
-        worker.join(min(_POLL_S, max(0.0, end - time.monotonic())))
+    try:
+        while worker.is_alive() and time.monotonic() < end:
+            worker.join(min(_POLL_S, max(0.0, end - time.monotonic())))
+    except BaseException:
+        # Ctrl-C while the engine still works: its thread is abandoned like a hung call's, so
+        # the process exits without interpreter shutdown under it (an abort, exit 134, else)
+        if worker.is_alive():
+            _ABANDONED.append(worker)
+        raise
     if worker.is_alive():
         _ABANDONED.append(worker)
         raise EngineHang(call, seconds, work)
