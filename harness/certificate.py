@@ -234,10 +234,13 @@ def build_certificate(report: Mapping[str, Any], report_text: str) -> dict[str, 
 
 
 def certificate_files(report: Mapping[str, Any], report_text: str) -> dict[str, str]:
-    """certificate.json and badge.svg for the report folder (written before report.json)."""
+    """certificate.json and badge.svg for the report folder (written before report.json);
+    under GitHub Actions the summary also goes to the job page (harness.ci_summary)."""
     from harness.badge import render_badge
+    from harness.ci_summary import append_step_summary
 
     cert = build_certificate(report, report_text)
+    append_step_summary(report, cert)
     return {CERTIFICATE_FILE: json.dumps(cert, indent=2) + "\n", "badge.svg": render_badge(cert)}
 
 

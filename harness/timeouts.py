@@ -82,29 +82,34 @@ def call_with_deadline(fn: Callable[..., T], args: Sequence[Any], seconds: float
     if seconds is None:
         return fn(*args)
     box: dict[str, Any] = {}
+    finished = threading.Event()
 
     def run() -> None:
         try:
             box["value"] = fn(*args)
         except BaseException as e:  # handed to the waiting thread, never lost
             box["error"] = e
+        finally:
+            finished.set()
 
     worker = threading.Thread(target=run, name=f"engine-{call}", daemon=True)
     worker.start()
-    # short joins: the main thread runs Python between them, so a Ctrl-C that the OS handed
+    # short waits: the main thread runs Python between them, so a Ctrl-C that the OS handed
     # to the worker thread is raised here at once, not after the deadline (seen under load:
-    # the interrupt of a busy capture came out as a hang)
+    # the interrupt of a busy capture came out as a hang). Liveness is the worker's own
+    # event, not Thread.is_alive(): a join that Ctrl-C interrupts marks a running thread as
+    # stopped (CPython 3.11's bpo-45274 handling), which hid it from _ABANDONED
     end = time.monotonic() + seconds
     try:
-        while worker.is_alive() and time.monotonic() < end:
-            worker.join(min(_POLL_S, max(0.0, end - time.monotonic())))
+        while not finished.is_set() and time.monotonic() < end:
+            finished.wait(min(_POLL_S, max(0.0, end - time.monotonic())))
     except BaseException:
         # Ctrl-C while the engine still works: its thread is abandoned like a hung call's, so
         # the process exits without interpreter shutdown under it (an abort, exit 134, else)
-        if worker.is_alive():
+        if not finished.is_set():
             _ABANDONED.append(worker)
         raise
-    if worker.is_alive():
+    if not finished.is_set():
         _ABANDONED.append(worker)
         raise EngineHang(call, seconds, work)
     if "error" in box:
