@@ -424,6 +424,10 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
                            "deselected": state.deselected},
              "xfails": {"file": str(state.xfails_path) if state.xfails_path else None,
                         "unmatched": state.unmatched_xfails},
+             # each draft's acceptance as trained and under each wrong wiring (the manifest's,
+             # measured when the bundle was built): report.html plots the engine against them
+             "wirings": {d: (state._bundle.manifest["drafts"].get(d) or {}).get("wirings") or {}
+                         for d in drafts} if state._bundle is not None else {},
              "options": {"device": state.option("device"),
                          "num_draft_tokens": state.option("num_draft_tokens")}}
     state.report = state.collector.build(
