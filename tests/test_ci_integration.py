@@ -14,6 +14,15 @@ import yaml
 from hypothesis import settings
 
 from harness.ci_summary import render_summary
+from harness.registry import resolve_engine
+
+# What the inner sessions below import at their end (the engine class the report names, the
+# certificate's modules), imported here first: an in-process pytester run drops the modules
+# it imported, and transformers' model modules imported a second time in one process fail
+# (torch's c10d TORCH_LIBRARY registered again), breaking every later test that serves a model.
+resolve_engine("reference")
+from harness import badge, certificate, schemas  # noqa: E402, F401
+from harness.golden import bundle  # noqa: E402, F401
 
 pytest_plugins = ["pytester"]
 ROOT = Path(__file__).resolve().parents[1]
