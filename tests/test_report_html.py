@@ -208,6 +208,9 @@ def test_doctor_header_names_the_folders_not_a_bundle(report) -> None:
     page = render_page(doc)
     assert "bundle None" not in page and "sha256 <code></code>" not in page
     assert "target <code>/ckpt/target</code>, draft <code>/ckpt/draft</code> (on disk, no bundle)" in page
+    from harness.report_md import render_markdown
+
+    assert "(on disk, no bundle)" in render_markdown(doc) and "None)" not in render_markdown(doc)
     fix_cell = page.split("<th>fix</th>", 1)[1]
     assert fix_cell.startswith('<td class="ok">no fix needed')  # not red
 
