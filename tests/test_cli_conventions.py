@@ -109,6 +109,27 @@ def test_ctrl_c_abandons_the_engine_thread_it_leaves_running() -> None:
         assert timeouts.join_abandoned(5) == 0
 
 
+@pytest.mark.parametrize("entry", ["module", "console-script"])
+def test_ctrl_c_inside_a_torch_op_exits_130_not_an_abort(entry: str, tmp_path: Path) -> None:
+    """The path that exited 134: Ctrl-C at an engine's first torch op. The interrupt reached
+    the main thread inside Thread.start() (before the deadline wait), the engine thread was
+    never recorded as abandoned, and interpreter shutdown ran under its torch op ("terminate
+    called without an active exception", SIGABRT). Both entry points must give 130."""
+    out = seed_stale_report(tmp_path / "out")
+    argv = ["run", "--engine", "misbehaving_adapters:InterruptedMidTorchOp", "--draft",
+            "single-aux", "--report-dir", str(out), "--profile", "dev", "-k",
+            "test_capture_pinned_prompts", "--", "-q", "-p", "no:cacheprovider"]
+    cmd = ([sys.executable, "-m", "harness.cli", *argv] if entry == "module" else
+           [sys.executable, "-c", "import sys; from harness.cli import entry; sys.argv[1:] = "
+            f"{argv!r}; entry()"])
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=_env(), cwd=ROOT, timeout=300,
+                          check=False)
+    assert proc.returncode == 130, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "terminate called" not in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1].startswith("error: interrupted (Ctrl-C)")
+    assert_no_report(out)
+
+
 def test_console_script_shares_the_exit_guard() -> None:
     """`eagle3-conformance` (the console script) and `python -m harness.cli` end through the
     same `entry()`, which skips interpreter shutdown under an abandoned engine thread."""
