@@ -52,7 +52,9 @@ pre{white-space:pre-wrap;background:#f8f8f8;padding:.5rem;margin:0}
 .verdict-conformant{color:#1a7f37}.verdict-nonconformant{color:#c62828}
 table.matrix th.check{writing-mode:vertical-rl;transform:rotate(180deg);font-weight:normal;
  font-size:.8em;max-height:16rem;white-space:nowrap}
-table.matrix td.cell{text-align:center;font-weight:600;font-size:.85em;min-width:2.6rem}
+table.matrix td.cell{text-align:center;font-weight:600;font-size:.8em;min-width:2.2rem;
+ padding:.25rem .15rem}
+table.matrix th.check{padding:.3rem .1rem}
 .root-cause{border:1px solid #d9a;border-left:6px solid #c62828;border-radius:4px;
  padding:.6rem 1rem;margin:0;background:#fffafa;min-width:0}
 .root-cause.expected{border-left-color:#e0a000;background:#fffdf5}
@@ -510,7 +512,9 @@ def wirings_svg(draft: str, wirings: dict[str, Any], measured: float | None) -> 
     if measured is not None:
         rows.append(("this engine (measured)", None, float(measured), "engine"))
     lo, hi = 1.0, max(2.0, math.ceil(max(r[2] for r in rows) + 0.25))
-    left, right, top, rh, plot = 290, 30, 10, 24, 360
+    labels = [r[0] + (f" {r[1]}" if r[1] is not None else "") for r in rows]
+    # room for the longest label at ~6.2 px a character (11 px sans-serif)
+    left, right, top, rh, plot = 16 + int(6.2 * max(map(len, labels))), 30, 10, 24, 360
     w, h = left + plot + right, top + rh * len(rows) + 34
 
     def x(v: float) -> float:
