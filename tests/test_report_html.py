@@ -32,6 +32,7 @@ from harness.observed_convention import Observation
 from harness.paths import default_bundle_path
 from harness.report_html import render_page
 
+ROOT = Path(__file__).resolve().parents[1]
 N = 8
 TRAINED = [2, 4, 5]
 CRASH = ("the engine fed fc 2 aux states where the draft's fc takes 3 and crashed: vLLM failed "
@@ -229,22 +230,35 @@ def test_wirings_plot_places_the_engine_among_the_wrong_wirings(report) -> None:
 _MEASURE = """<script>
 window.addEventListener('load', () => {
   const s = document.getElementById('summary').getBoundingClientRect();
+  const grid = document.querySelector('table.matrix').parentElement;
   document.body.setAttribute('data-metrics', JSON.stringify({
     scrollWidth: document.documentElement.scrollWidth, innerWidth: window.innerWidth,
-    innerHeight: window.innerHeight, summaryBottom: s.bottom, summaryTop: s.top}));
+    innerHeight: window.innerHeight, summaryBottom: s.bottom, summaryTop: s.top,
+    gridHidden: grid.scrollWidth - grid.clientWidth}));
 });
 </script></body>"""
 
 
+def _full_run() -> dict:
+    """A full run's report as committed (77 checks, 4 drafts, 27 check columns: the grid that
+    was cut off at 1400 px), with the bundle's wirings a run now records."""
+    full = json.loads((ROOT / "docs" / "figures" / "h200_seed14_ci_reference_bf16.json").read_text())
+    drafts = json.loads((default_bundle_path() / "manifest.json").read_text())["drafts"]
+    full["wirings"] = {d: drafts[d]["wirings"] for d in full["drafts"] if d in drafts}
+    return full
+
+
+@pytest.mark.parametrize("which", ["findings", "full-run"])
 @pytest.mark.parametrize("width", [1280, 1920])
 def test_chromium_no_horizontal_overflow_and_summary_above_the_fold(report, tmp_path: Path,
-                                                                     width: int) -> None:
+                                                                     width: int, which: str) -> None:
     """The page as report.html holds it, with a measuring script appended only for this test
     (the page itself has none): nothing wider than the window, the summary in the first
     screen (a laptop's 800 px high window)."""
     exe = _chromium()
-    page = render_page(_with_wirings(report)).replace("</body>", _MEASURE)
-    path = tmp_path / f"report-{width}.html"
+    data = _with_wirings(report) if which == "findings" else _full_run()
+    page = render_page(data).replace("</body>", _MEASURE)
+    path = tmp_path / f"report-{which}-{width}.html"
     path.write_text(page)
     dom = _browser(exe, f"--window-size={width},800", "--virtual-time-budget=3000", "--dump-dom",
                    path.as_uri())
@@ -254,4 +268,5 @@ def test_chromium_no_horizontal_overflow_and_summary_above_the_fold(report, tmp_
     m = json.loads(html.unescape(found.group(1)))
     assert m["innerWidth"] >= width - 40, m  # the window really is that wide
     assert m["scrollWidth"] <= m["innerWidth"], m  # no horizontal overflow
+    assert m["gridHidden"] <= 0, m  # the whole check grid in view, no scrolling inside it
     assert 0 <= m["summaryTop"] and m["summaryBottom"] <= m["innerHeight"], m
