@@ -1,9 +1,9 @@
 """`eagle3-conformance`: run the suite, self-test it against the bug zoo, build and verify golden
 bundles, render the conformance table.
 
-Exit codes: 0 conformant (or success), 1 nonconformant (or a self-test that missed a mutant),
-2 bad input (unknown engine, missing or corrupt bundle, bad arguments), 3 an unexpected
-internal error. Every error is one line on stderr, never a traceback: the inputs are checked
+Exit codes: 0 conformant (or success), 1 nonconformant (or a self-test that missed a mutant,
+or a certificate that does not verify), 2 bad input (unknown engine, missing or corrupt
+bundle, bad arguments), 3 an unexpected internal error, 130 Ctrl-C. Every error is one line on stderr, never a traceback: the inputs are checked
 before pytest starts, because a traceback out of pytest's collection is where a user with a
 wrong path would otherwise end up.
 """
@@ -19,6 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, NoReturn
 
+from harness.cli_help import apply_examples, version_text
 from harness.options import (
     MAX_XFAILS_BYTES,
     RUN_OPTIONS,
@@ -30,6 +31,7 @@ from harness.options import (
     prepare_report_dir,
     validate,
 )
+from harness.pytest_modes import non_run_flag
 from harness.report import clear_reports, verdict_line, write_atomic
 from harness.report_md import kept_sections, render_conformance_table
 from harness.run_inputs import (
@@ -104,8 +106,8 @@ def _suites() -> Path:
 
     suites = suites_path()
     if not suites.is_dir():
-        raise CliError(f"the suites folder is not at {suites}; install from a source checkout "
-                       f"with `pip install -e .`")
+        raise CliError(f"the suites folder is not at {suites}; reinstall the package (the "
+                       f"wheel carries them) or run from a source checkout (`pip install -e .`)")
     return suites
 
 
@@ -150,6 +152,11 @@ def cmd_run(a: argparse.Namespace, extra: Sequence[str]) -> int:
     code = int(pytest.main(_pytest_args(a, bundle, report_dir, extra)))
     if code == pytest.ExitCode.INTERRUPTED:
         raise RunInterrupted()
+    mode = non_run_flag(extra)
+    if mode is not None and code == pytest.ExitCode.OK:
+        print(f"no verdict: pytest {mode} runs no check (nothing certified, no report written)",
+              file=sys.stderr)
+        return 0
     if code == pytest.ExitCode.NO_TESTS_COLLECTED:
         raise CliError(f"{'-k ' + repr(a.k) if a.k else 'the selection'} matches no check; list "
                        f"the checks with `{PROG} run -- --collect-only -q`")
@@ -408,6 +415,25 @@ def cmd_table(a: argparse.Namespace, extra: Sequence[str]) -> int:
     return 0
 
 
+def cmd_verify_certificate(a: argparse.Namespace, extra: Sequence[str]) -> int:
+    """Exit 0 when the certificate matches its report (and the bundle), 1 when not."""
+    from harness.certificate import CertificateError, summary_line, verify_paths
+
+    try:
+        cert, problems = verify_paths(Path(a.certificate), Path(a.report) if a.report else None,
+                                      Path(a.bundle) if a.bundle else None)
+    except CertificateError as e:
+        raise CliError(str(e)) from None
+    for line in problems:
+        print(f"MISMATCH {line}")
+    if problems:
+        print(f"certificate {a.certificate} does NOT verify: {len(problems)} mismatch(es)")
+        return 1
+    bundle = "; bundle files verified" if a.bundle else "; bundle not checked (pass --bundle)"
+    print(f"certificate {a.certificate} verifies: {summary_line(cert)}{bundle}")
+    return 0
+
+
 # -- parser ----------------------------------------------------------------------------------
 
 
@@ -429,6 +455,7 @@ def cmd_doctor(a: argparse.Namespace, extra: Sequence[str]) -> int:
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog=PROG, description="Certify that an inference engine serves an EAGLE-3 "
                                        "draft the way it was trained.")
+    p.add_argument("--version", action="version", version=version_text())
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     run = sub.add_parser("run", help="run the conformance suite against one engine",
@@ -511,6 +538,14 @@ def build_parser() -> argparse.ArgumentParser:
     table.add_argument("reports", nargs="+", metavar="REPORT.json")
     table.add_argument("--out", help="write here (default: stdout)")
     table.set_defaults(func=cmd_table)
+
+    vc = sub.add_parser("verify-certificate", help="check a certificate.json against its report "
+                                                   "(and the bundle): exit 0 valid, 1 mismatch")
+    vc.add_argument("certificate", metavar="CERTIFICATE.json")
+    vc.add_argument("--report", help="the report.json it summarises (default: beside it)")
+    vc.add_argument("--bundle", help="also check the bundle folder the run used")
+    vc.set_defaults(func=cmd_verify_certificate)
+    apply_examples(p)
     return p
 
 
@@ -561,7 +596,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 3
 
 
-if __name__ == "__main__":
+def entry() -> NoReturn:
+    """The console script and `python -m harness.cli`: main(), then an exit that no engine
+    thread still running (a hung call, or one Ctrl-C left) can turn into an abort."""
     status = main()
     from harness import timeouts
 
@@ -572,3 +609,7 @@ if __name__ == "__main__":
         sys.stderr.flush()
         os._exit(status)
     sys.exit(status)
+
+
+if __name__ == "__main__":
+    entry()

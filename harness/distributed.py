@@ -43,7 +43,8 @@ def worker_device(device: str, index: int | None, device_count: int) -> str:
 
 
 def collector_payload(collector: ReportCollector, *, conformance_run: bool,
-                      engine_info: dict[str, Any], unmatched_xfails: list[str]) -> dict[str, Any]:
+                      engine_info: dict[str, Any], unmatched_xfails: list[str],
+                      deselected: int = 0) -> dict[str, Any]:
     """What a worker hands the controller: plain data xdist can send (execnet serialises
     dicts, lists, strings and numbers)."""
     return {"checks": [asdict(c) for c in collector.checks.values()],
@@ -53,7 +54,8 @@ def collector_payload(collector: ReportCollector, *, conformance_run: bool,
             "engine_constructions": collector.engine_constructions,
             "conformance_run": conformance_run,
             "engine_info": engine_info,
-            "unmatched_xfails": unmatched_xfails}
+            "unmatched_xfails": unmatched_xfails,
+            "deselected": deselected}
 
 
 def merge_payload(collector: ReportCollector, payload: dict[str, Any]) -> None:

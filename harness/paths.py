@@ -1,4 +1,6 @@
-"""Where the committed artefacts live, for a source checkout (`pip install -e .`)."""
+"""Where the suites and the committed golden bundle are: in the source checkout (`pip install
+-e .`, or `PYTHONPATH` at a checkout) or, for an installed wheel, inside the package
+(harness/_bundled/, copied there by setup.py when the wheel is built)."""
 
 from __future__ import annotations
 
@@ -7,11 +9,19 @@ from pathlib import Path
 from harness.golden.bundle import DEFAULT_BUNDLE_NAME
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+BUNDLED_ROOT = Path(__file__).resolve().parent / "_bundled"
+
+
+def _root() -> Path:
+    """The checkout when this package is imported from one, else the wheel's copies. A
+    checkout is recognised by its suites' conftest.py, never by a bare `suites` folder that
+    happens to sit beside site-packages."""
+    return REPO_ROOT if (REPO_ROOT / "suites" / "conftest.py").is_file() else BUNDLED_ROOT
 
 
 def default_bundle_path() -> Path:
-    return REPO_ROOT / "golden" / DEFAULT_BUNDLE_NAME
+    return _root() / "golden" / DEFAULT_BUNDLE_NAME
 
 
 def suites_path() -> Path:
-    return REPO_ROOT / "suites"
+    return _root() / "suites"

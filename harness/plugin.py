@@ -25,6 +25,7 @@ from hypothesis import settings as hypothesis_settings
 from hypothesis.errors import InvalidArgument
 
 from harness import distributed, profiles
+from harness.certificate import certificate_files
 from harness.options import (
     RUN_OPTIONS,
     OptionError,
@@ -33,6 +34,7 @@ from harness.options import (
     validate,
 )
 from harness.outcomes import check_outcome, exception_message, root_failure
+from harness.pytest_modes import non_run_mode
 from harness.registry import engine_path
 from harness.report import ReportCollector, verdict_line, write_reports
 from harness.session import State
@@ -148,6 +150,11 @@ def pytest_collection_finish(session: pytest.Session) -> None:
             item.add_marker(pytest.mark.xfail(reason=f"known nonconformance: {record.xfail_reason}",
                                               strict=True))
     state.unmatched_xfails = [f"{r.pattern} ({r.where})" for r in rules if r not in used]
+
+
+def pytest_deselected(items: list[pytest.Item]) -> None:
+    if items and _KEY in items[0].config.stash:
+        _state(items[0].config).deselected += sum(_is_check(item) for item in items)
 
 
 # -- fixtures --------------------------------------------------------------------------------
@@ -361,6 +368,8 @@ def pytest_testnodedown(node: Any, error: Any) -> None:
     state.conformance_run = state.conformance_run or payload["conformance_run"]
     state.engine_info.update(payload["engine_info"])
     state.unmatched_xfails = state.unmatched_xfails or payload["unmatched_xfails"]
+    # every worker deselects the same checks: the most any reports, not their sum
+    state.deselected = max(state.deselected, payload.get("deselected", 0))
 
 
 # seconds the session waits, at its end, for the calls abandoned at their deadline to finish
@@ -372,19 +381,22 @@ ABANDONED_WAIT_S = 30.0
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     from harness import timeouts
 
-    timeouts.join_abandoned(ABANDONED_WAIT_S)
+    # after Ctrl-C the user waits for nothing: what still runs is left to the CLI's exit
+    timeouts.join_abandoned(0 if exitstatus == pytest.ExitCode.INTERRUPTED else ABANDONED_WAIT_S)
     state = _state(session.config)
     partial = state.junit_tmp
     if distributed.is_worker(session.config):  # the controller writes the one report
         session.config.workeroutput[distributed.PAYLOAD_KEY] = distributed.collector_payload(
             state.collector, conformance_run=state.conformance_run,
-            engine_info=state.engine_info, unmatched_xfails=state.unmatched_xfails)
+            engine_info=state.engine_info, unmatched_xfails=state.unmatched_xfails,
+            deselected=state.deselected)
         return
     # no verdict: bad input, a suite bug, no check selected, or Ctrl-C (a partial run
     # certifies nothing, so it leaves no report either)
     bad_input = exitstatus in (pytest.ExitCode.USAGE_ERROR, pytest.ExitCode.INTERNAL_ERROR,
                                pytest.ExitCode.NO_TESTS_COLLECTED, pytest.ExitCode.INTERRUPTED)
-    if bad_input or not (state.conformance_run or state.report_dir):
+    # --collect-only, --fixtures, --setup-plan...: no check ran, so there is no verdict either
+    if bad_input or non_run_mode(session.config) or not (state.conformance_run or state.report_dir):
         if partial is not None:
             partial.unlink(missing_ok=True)
         return
@@ -408,9 +420,19 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
               "constructions": dict(state.collector.engine_constructions),
               "info": dict(state.engine_info)}
     drafts = state.drafts() if state._bundle is not None else list(state.option("draft") or [])
+    seed = session.config.getoption("hypothesis_seed", None)
     extra = {"hypothesis_profile": hypothesis_settings.get_current_profile_name(),
+             "hypothesis_seed": None if seed is None else str(seed),
+             "hypothesis_derandomize": bool(hypothesis_settings.default.derandomize),
+             "selection": {"keyword": session.config.option.keyword or None,
+                           "markexpr": session.config.option.markexpr or None,
+                           "deselected": state.deselected},
              "xfails": {"file": str(state.xfails_path) if state.xfails_path else None,
                         "unmatched": state.unmatched_xfails},
+             # each draft's acceptance as trained and under each wrong wiring (the manifest's,
+             # measured when the bundle was built): report.html plots the engine against them
+             "wirings": {d: (state._bundle.manifest["drafts"].get(d) or {}).get("wirings") or {}
+                         for d in drafts} if state._bundle is not None else {},
              "options": {"device": state.option("device"),
                          "num_draft_tokens": state.option("num_draft_tokens")}}
     state.report = state.collector.build(
@@ -421,7 +443,9 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         if partial is not None and partial.is_file():
             os.replace(partial, state.report_dir / "junit.xml")
             _point_junit_summary_at(session.config, state.report_dir / "junit.xml")
-        write_reports(state.report, state.report_dir)
+        report = state.report
+        write_reports(report, state.report_dir,
+                      companions=lambda text: certificate_files(report, text))
 
 
 def _point_junit_summary_at(config: pytest.Config, path: Path) -> None:

@@ -18,15 +18,19 @@ import json
 import math
 import os
 import platform
+import sys
 import tempfile
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 FORMAT_VERSION = 1
-REPORT_FILES = ("report.json", "report.md", "report.html", "junit.xml")
+# every file a run writes into its report folder (certificate.json and badge.svg: the
+# harness.certificate pair), all removed before a run starts
+REPORT_FILES = ("report.json", "report.md", "report.html", "junit.xml", "certificate.json",
+                "badge.svg")
 # Worst first: a check whose phases disagree (passed, then its teardown errored) keeps the worst.
 STATUSES = ("error", "failed", "xfail", "xpass", "skipped", "passed")
 METRIC_KEYS = ("acceptance_length", "predicted_acceptance_length")
@@ -210,7 +214,7 @@ class ReportCollector:
             "metrics_by_draft": by_draft,
             "diagnoses": flat,
             "observed_convention": self._observed_convention(),
-            "environment": environment(),
+            "environment": environment((extra or {}).get("options", {}).get("device")),
             "started": _iso(started),
             "duration_s": round(finished - started, 3),
         }
@@ -305,7 +309,9 @@ def verdict_line(report: dict[str, Any], report_dir: Path | None = None) -> str:
     return line
 
 
-def environment() -> dict[str, Any]:
+def environment(device: str | None = None) -> dict[str, Any]:
+    """Versions the verdict depends on; CUDA and the GPU as the run's torch saw them (read only
+    where torch is already loaded: this module imports nothing heavy)."""
     def version(dist: str) -> str | None:
         try:
             return metadata.version(dist)
@@ -319,7 +325,21 @@ def environment() -> dict[str, Any]:
         v = version(dist)
         if v is not None or dist in ("torch", "transformers"):
             env[dist.replace("-", "_")] = v
+    env.update(_cuda(device))
     return env
+
+
+def _cuda(device: str | None) -> dict[str, Any]:
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return {"cuda": None, "gpu": None}
+    gpu = None
+    if device and str(device).startswith("cuda"):
+        try:
+            gpu = torch.cuda.get_device_name(torch.device(device))
+        except Exception:  # a GPU's name must not cost the report
+            gpu = None
+    return {"cuda": getattr(torch.version, "cuda", None), "gpu": gpu}
 
 
 def _iso(ts: float) -> str:
@@ -355,12 +375,22 @@ def clear_reports(report_dir: Path) -> None:
         (Path(report_dir) / name).unlink(missing_ok=True)
 
 
-def write_reports(report: dict[str, Any], report_dir: Path) -> None:
-    """report.json last: its presence tells a watcher the others are complete."""
+def report_text(report: dict[str, Any]) -> str:
+    """report.json's exact text (what a certificate's report digest is taken over)."""
+    return json.dumps(report, indent=2, sort_keys=False) + "\n"
+
+
+def write_reports(report: dict[str, Any], report_dir: Path,
+                  companions: Callable[[str], dict[str, str]] | None = None) -> None:
+    """report.json last: its presence tells a watcher the others are complete. `companions`
+    maps report.json's text to more files to write before it (the run's certificate)."""
     from harness.report_html import render_page
     from harness.report_md import render_markdown
 
     report_dir = Path(report_dir)
+    text = report_text(report)
     write_atomic(report_dir / "report.md", render_markdown(report))
     write_atomic(report_dir / "report.html", render_page(report))
-    write_atomic(report_dir / "report.json", json.dumps(report, indent=2, sort_keys=False) + "\n")
+    for name, content in (companions(text) if companions else {}).items():
+        write_atomic(report_dir / name, content)
+    write_atomic(report_dir / "report.json", text)

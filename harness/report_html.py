@@ -20,6 +20,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+from harness.findings import fix_class, fold
 from harness.report_md import _RESULT, _diag_text, _first_line
 
 esc = html.escape
@@ -29,8 +30,20 @@ _CELL = {"passed": "pass", "failed": "FAIL", "error": "ERROR", "skipped": "skip"
 ENGINE_WIDE = "engine-wide"
 
 _CSS = """
-body{font-family:system-ui,sans-serif;margin:2rem;max-width:90rem;color:#222}
+*{box-sizing:border-box}
+body{font-family:system-ui,sans-serif;margin:0 auto;padding:1rem 2rem;max-width:120rem;color:#222}
+h1{margin:.3rem 0 .6rem;font-size:1.5rem}
 table{border-collapse:collapse;margin:.6rem 0}
+.scroll{max-width:100%;overflow-x:auto}
+code{overflow-wrap:anywhere} svg{max-width:100%;height:auto}
+table.details td:first-child{max-width:32rem}
+.summary{border:1px solid #ccc;border-radius:6px;padding:.7rem 1rem;margin:.4rem 0 1rem;
+ background:#fafafa}
+.summary .verdict{font-size:1.25rem;margin:.1rem 0 .5rem}
+.summary dl{display:grid;grid-template-columns:max-content 1fr;gap:.25rem 1rem;margin:0}
+.summary dt{font-weight:600}.summary dd{margin:0}
+.cards{display:grid;grid-template-columns:repeat(auto-fit,minmax(min(100%,36rem),1fr));gap:1rem}
+.ok{color:#1a7f37;font-weight:600}.warn{color:#9a6700;font-weight:600}.bad{color:#c62828;font-weight:600}
 th,td{border:1px solid #ccc;padding:.3rem .45rem;text-align:left;vertical-align:top}
 th{background:#f3f3f3} code,pre{font-family:ui-monospace,monospace;font-size:.9em}
 pre{white-space:pre-wrap;background:#f8f8f8;padding:.5rem;margin:0}
@@ -39,12 +52,14 @@ pre{white-space:pre-wrap;background:#f8f8f8;padding:.5rem;margin:0}
 .verdict-conformant{color:#1a7f37}.verdict-nonconformant{color:#c62828}
 table.matrix th.check{writing-mode:vertical-rl;transform:rotate(180deg);font-weight:normal;
  font-size:.8em;max-height:16rem;white-space:nowrap}
-table.matrix td.cell{text-align:center;font-weight:600;font-size:.85em;min-width:2.6rem}
+table.matrix td.cell{text-align:center;font-weight:600;font-size:.8em;min-width:2.2rem;
+ padding:.25rem .15rem}
+table.matrix th.check{padding:.3rem .1rem}
 .root-cause{border:1px solid #d9a;border-left:6px solid #c62828;border-radius:4px;
- padding:.6rem 1rem;margin:1rem 0;background:#fffafa}
+ padding:.6rem 1rem;margin:0;background:#fffafa;min-width:0}
 .root-cause.expected{border-left-color:#e0a000;background:#fffdf5}
 .root-cause h3{margin:.2rem 0 .4rem}.muted{color:#666;font-size:.9em}
-.fix-verified{color:#1a7f37;font-weight:600}.fix-unverified{color:#c62828;font-weight:600}
+.wirings .engine{fill:#1f6feb}.wirings .trained{fill:#1a7f37}.wirings .wrong{fill:#c62828}
 td.mismatch{background:#fde8e8}td.match{background:#e9f7ec}
 svg text{font-family:system-ui,sans-serif}details{margin:.2rem 0}
 """
@@ -216,8 +231,7 @@ def _fix_html(group: dict[str, Any]) -> str:
                      f"{' for ' + esc(str(d['engine_convention'])) if d.get('engine_convention') else ''}.</p>")
     if fix is not None:
         result = str(fix.get("result", ""))
-        ok = result.startswith("fix verified")
-        cls = "fix-verified" if ok else "fix-unverified"
+        cls = fix_class(result)
         parts.append(f'<p class="fix-result"><strong>Re-served</strong> with ids '
                      f'<code>{esc(json.dumps(fix.get("ids")))}</code> ({esc(str(fix.get("layout")))}): '
                      f'<span class="{cls}">{esc(result)}</span></p>')
@@ -226,27 +240,39 @@ def _fix_html(group: dict[str, Any]) -> str:
     return "".join(parts)
 
 
+def _cause_html(g: dict[str, Any]) -> str:
+    """One draft's occurrence of a finding: its message, slots, heatmap and fix."""
+    d = g["diagnosis"]
+    others = "".join(f"<li>{esc(m)}</li>" for m in g["messages"][1:])
+    variants = (f"<details><summary>{len(g['messages']) - 1} other wording(s) of this cause"
+                f"</summary><ul>{others}</ul></details>") if others else ""
+    return (f'<p class="message">{esc(str(d.get("message", "")))}</p>{_slots_table(d)}'
+            f'{heatmap_svg(d)}{_fix_html(g)}{variants}')
+
+
 def root_causes_html(report: dict[str, Any]) -> str:
-    groups = root_causes(report)
-    if not groups:
+    """One card per finding (harness.findings.fold): shown in full for its first draft, the
+    other drafts and every check it explains folded under it."""
+    findings = fold(root_causes(report))
+    if not findings:
         return "<p>No check failed: nothing to explain.</p>"
     out = []
-    for g in groups:
-        d = g["diagnosis"]
-        expected = g["statuses"] <= {"xfail"}
-        status = "known (xfail)" if expected else "/".join(sorted(g["statuses"]))
-        checks = "".join(f"<li><code>{esc(c)}</code></li>" for c in g["checks"])
-        others = "".join(f"<li>{esc(m)}</li>" for m in g["messages"][1:])
-        variants = (f"<details><summary>{len(g['messages']) - 1} other wording(s) of this cause"
-                    f"</summary><ul>{others}</ul></details>") if others else ""
+    for f in findings:
+        first, rest = f["occurrences"][0], f["occurrences"][1:]
+        status = ("known nonconformance (xfail)" if f["expected"]
+                  else "/".join(sorted(set().union(*(o["statuses"] for o in f["occurrences"])))))
+        also = "".join(f'<details><summary>also in draft {esc(o["draft"])} ({len(o["checks"])} '
+                       f'check(s))</summary>{_cause_html(o)}</details>' for o in rest)
+        checks = "".join(f"<li><code>{esc(c)}</code></li>" for c in f["checks"])
         out.append(
-            f'<div class="root-cause{" expected" if expected else ""}" data-kind="{esc(g["kind"])}">'
-            f'<h3>{esc(g["kind"])} — {esc(g["draft"])} <span class="muted">({status}; '
-            f'{len(g["checks"])} check(s))</span></h3>'
-            f'<p class="message">{esc(str(d.get("message", "")))}</p>{_slots_table(d)}'
-            f'{heatmap_svg(d)}{_fix_html(g)}{variants}'
+            f'<div class="root-cause{" expected" if f["expected"] else ""}" data-kind="{esc(f["kind"])}" '
+            f'data-occurrences="{len(f["checks"])}">'
+            f'<h3>{esc(f["kind"])} <span class="muted">({status}; {len(f["checks"])} check(s) in '
+            f'{len(f["drafts"])} draft(s): {esc(", ".join(f["drafts"]))})</span></h3>'
+            f'<p class="who"><strong>Who acts:</strong> {esc(f["who"])}</p>'
+            f'<p class="muted">draft {esc(first["draft"])}:</p>{_cause_html(first)}{also}'
             f'<details><summary>checks this explains</summary><ul>{checks}</ul></details></div>')
-    return "".join(out)
+    return f'<div class="cards">{"".join(out)}</div>'
 
 
 # -- acceptance ------------------------------------------------------------------------------
@@ -336,8 +362,7 @@ def convention_html(observed: dict[str, Any] | None) -> str:
     fixes = observed.get("fixes") or []
     fix_rows = "".join(
         f"<tr><td>{esc(str(f['draft']))}</td><td><code>{esc(json.dumps(f.get('ids')))}</code></td>"
-        f"<td>{esc(str(f.get('layout') or '—'))}</td><td class=\""
-        f"{'fix-verified' if str(f.get('result', '')).startswith('fix verified') else 'fix-unverified'}\">"
+        f"<td>{esc(str(f.get('layout') or '—'))}</td><td class=\"{fix_class(str(f.get('result', '')))}\">"
         f"{esc(str(f.get('result')))}</td></tr>" for f in fixes)
     fix_table = ('<table class="fixes"><tr><th>draft</th><th>ids re-served</th><th>layout</th>'
                  f'<th>result</th></tr>{fix_rows}</table>') if fixes else ""
@@ -377,8 +402,7 @@ def doctor_html(doctor: dict[str, Any] | None) -> str:
         return ""
     inf = doctor.get("inference") or {}
     verdict = "ambiguous" if inf.get("ambiguous") else "decided"
-    fixed = ("no fix needed" if doctor.get("fed_boundaries") == doctor.get("trained_boundaries")
-             else "verified by re-serving" if doctor.get("fix_verified") else "not verified")
+    fixed = _doctor_fix(doctor)
     return (f'<div class="doctor"><h2>Draft on disk</h2><table class="doctor"><tr><th>config ids '
             f'({esc(str(doctor.get("layout")))})</th><td><code>{esc(json.dumps(doctor.get("config_ids")))}'
             f'</code></td></tr><tr><th>engine fed (boundaries)</th><td><code>'
@@ -388,8 +412,8 @@ def doctor_html(doctor: dict[str, Any] | None) -> str:
             f'</th><td><code>{esc(json.dumps(inf.get("boundaries")))}</code> vs runner-up <code>'
             f'{esc(json.dumps(inf.get("runner_up")))}</code>: margin {esc(str(round(inf.get("margin") or 0, 4)))}'
             f', threshold {esc(str(round(inf.get("threshold") or 0, 4)))} on {esc(str(inf.get("tokens")))}'
-            f' tokens — <strong>{verdict}</strong></td></tr><tr><th>fix</th><td>'
-            f'{esc(fixed)}</td></tr></table></div>')
+            f' tokens — <strong>{verdict}</strong></td></tr><tr><th>fix</th><td '
+            f'class="{"warn" if fixed == "not verified" else "ok"}">{esc(fixed)}</td></tr></table></div>')
 
 
 def coverage_html(cov: dict[str, Any] | None) -> str:
@@ -402,26 +426,154 @@ def coverage_html(cov: dict[str, Any] | None) -> str:
     return f'<h2>Coverage</h2><ul class="coverage"><li>judged: {judged}</li>{lines}</ul>'
 
 
-def render_page(report: dict[str, Any], *, title: str | None = None, preface: str = "") -> str:
-    """The whole page. `preface`: extra HTML after the verdict (doctor's "fed vs trained")."""
+# -- summary, header, wirings ----------------------------------------------------------------
+
+
+def _doctor_fix(doctor: dict[str, Any]) -> str:
+    return ("no fix needed" if doctor.get("fed_boundaries") == doctor.get("trained_boundaries")
+            else "verified by re-serving" if doctor.get("fix_verified") else "not verified")
+
+
+def summary_html(report: dict[str, Any]) -> str:
+    """The first thing on the page: the verdict, the cause, the fix and who acts on it, in
+    a few lines a reader takes in without scrolling; everything below is the evidence."""
+    s = report["summary"]
+    findings = fold(root_causes(report))
+    doctor = report.get("doctor")
+    rows: list[tuple[str, str]] = []
+    if findings:
+        f = findings[0]
+        first = f["occurrences"][0]
+        d = first["diagnosis"]
+        more = f" (+{len(findings) - 1} more finding(s) below)" if len(findings) > 1 else ""
+        rows.append(("Cause", f"<code>{esc(f['kind'])}</code> in {len(f['checks'])} check(s), "
+                              f"{len(f['drafts'])} draft(s): "
+                              f"{esc(_first_line(str(d.get('message')), 260))}{esc(more)}"))
+        fix = ""
+        if d.get("suggested_layer_ids") is not None:
+            fix = (f"set <code>eagle_aux_hidden_state_layer_ids</code> to "
+                   f"<code>{esc(json.dumps(d['suggested_layer_ids']))}</code>")
+        if first.get("fix") is not None:
+            result = str(first["fix"].get("result", ""))
+            fix += f'{"; " if fix else ""}<span class="{fix_class(result)}">{esc(result)}</span>'
+        rows.append(("Fix", fix or '<span class="warn">no id list fixes this: the engine must '
+                                   'change (details below)</span>'))
+        rows.append(("Who acts", esc(f["who"])))
+    elif doctor:
+        fixed = _doctor_fix(doctor)
+        rows.append(("Fix", f'<span class="{"warn" if fixed == "not verified" else "ok"}">'
+                            f'{esc(fixed)}</span>'))
+    elif s["verdict"] == "conformant":
+        rows.append(("Fix", '<span class="ok">No fix needed</span>: every judged check passed'))
+        rows.append(("Who acts", "nobody"))
+    cov = s.get("coverage") or {}
+    if cov:
+        judged = ", ".join(cov.get("judged") or []) or "nothing"
+        missing = (f"; not judged: {len(cov['lines'])} part(s), listed under Coverage"
+                   if cov.get("lines") else "")
+        rows.append(("Judged", esc(judged + missing)))
+    rows.append(("Run", header_text(report)))
+    dl = "".join(f"<dt>{k}</dt><dd>{v}</dd>" for k, v in rows)
+    return (f'<section class="summary" id="summary"><p class="verdict verdict-{esc(s["verdict"])}">'
+            f'<strong>Verdict: {esc(s["verdict"])}</strong> — {esc(s["verdict_reason"])}</p>'
+            f'<dl>{dl}</dl></section>')
+
+
+def header_text(report: dict[str, Any]) -> str:
+    """Engine, what it was judged on (a bundle, or doctor's target and draft on disk), dtype,
+    time and counts, as HTML; never "bundle None"."""
     e, b, s = report["engine"], report.get("bundle") or {}, report["summary"]
+    doctor = report.get("doctor")
+    if doctor:
+        on = (f"target <code>{esc(str(doctor.get('target')))}</code>, draft "
+              f"<code>{esc(str(doctor.get('draft')))}</code> (on disk, no bundle)")
+    elif b.get("name") or b.get("sha256"):
+        on = f"bundle <code>{esc(str(b.get('name') or b.get('path')))}</code>" + (
+            f" sha256 <code>{esc(b['sha256'][:16])}</code>" if b.get("sha256") else "")
+    else:
+        on = "no bundle"
+    return (f"engine <code>{esc(e['name'])}</code> {esc(e.get('version') or '(version unknown)')}; "
+            f"{on}; dtype {esc(str(report.get('dtype')))}; started {esc(str(report.get('started')))}, "
+            f"{esc(str(report.get('duration_s')))} s; {s['passed']} passed, {s['failed']} failed, "
+            f"{s['errors']} errors, {s['skipped']} skipped, {s['xfailed']} xfailed")
+
+
+def wirings_svg(draft: str, wirings: dict[str, Any], measured: float | None) -> str:
+    """Acceptance length per wiring as a dot plot: the draft served as trained (green), under
+    each wrong wiring of the manifest (red), and this engine's measured point (blue, with a
+    line through every row), so a reader sees which wiring the engine's acceptance matches."""
+    rows = [(str(w.get("what") or name), w.get("boundaries"), float(w["acceptance_length"]),
+             "trained" if name == "served" else "wrong")
+            for name, w in wirings.items() if isinstance(w, dict)
+            and isinstance(w.get("acceptance_length"), (int, float))]
+    rows.sort(key=lambda r: (r[3] != "trained", -r[2]))
+    if not rows:
+        return ""
+    if measured is not None:
+        rows.append(("this engine (measured)", None, float(measured), "engine"))
+    lo, hi = 1.0, max(2.0, math.ceil(max(r[2] for r in rows) + 0.25))
+    labels = [r[0] + (f" {r[1]}" if r[1] is not None else "") for r in rows]
+    # room for the longest label at ~6.2 px a character (11 px sans-serif)
+    left, right, top, rh, plot = 16 + int(6.2 * max(map(len, labels))), 30, 10, 24, 360
+    w, h = left + plot + right, top + rh * len(rows) + 34
+
+    def x(v: float) -> float:
+        return left + plot * (min(max(v, lo), hi) - lo) / (hi - lo)
+
+    bottom = top + rh * len(rows)
+    out = [f'<svg class="wirings" data-draft="{esc(draft)}" viewBox="0 0 {w} {h}" width="{w}" '
+           f'height="{h}" role="img" aria-label="acceptance by wiring, {esc(draft)}">']
+    for t in range(int(lo), int(hi) + 1):
+        out.append(f'<line x1="{x(t)}" x2="{x(t)}" y1="{top}" y2="{bottom}" stroke="#e3e3e3"/>'
+                   f'<text x="{x(t)}" y="{bottom + 14}" font-size="10" text-anchor="middle">{t}</text>')
+    if measured is not None:
+        out.append(f'<line class="engine-line" x1="{x(measured)}" x2="{x(measured)}" y1="{top}" '
+                   f'y2="{bottom}" stroke="#1f6feb" stroke-dasharray="4 3"/>')
+    for i, (label, bounds, value, cls) in enumerate(rows):
+        y = top + rh * i + rh / 2
+        text = label + (f" {bounds}" if bounds is not None else "")
+        out.append(f'<text x="{left - 8}" y="{y + 4}" font-size="11" text-anchor="end">'
+                   f'{esc(text)}</text><circle class="{cls}" cx="{x(value)}" cy="{y}" r="6">'
+                   f'<title>{esc(text)}: acceptance length {value:.2f}</title></circle>'
+                   f'<text x="{x(value) + 9}" y="{y + 4}" font-size="10">{value:.2f}</text>')
+    out.append(f'<text x="{left + plot / 2}" y="{h - 4}" font-size="10" text-anchor="middle">'
+               f'acceptance length (tokens per verify round)</text></svg>')
+    return "".join(out)
+
+
+def wirings_html(report: dict[str, Any]) -> str:
+    blocks = []
+    for draft, wirings in (report.get("wirings") or {}).items():
+        measured = ((report.get("metrics_by_draft") or {}).get(draft) or {}).get("acceptance_length")
+        svg = wirings_svg(draft, wirings or {},
+                          measured if isinstance(measured, (int, float)) else None)
+        if svg:
+            blocks.append(f"<div><h3>{esc(draft)}</h3>{svg}</div>")
+    if not blocks:
+        return ""
+    return ('<h2>What a miswiring costs</h2><p class="muted">Acceptance length of each draft '
+            'as trained and under each wrong wiring (measured when the bundle was built), and '
+            "this engine's measured point: an engine whose point sits on a wrong wiring is fed "
+            'that wiring.</p><div class="cards">' + "".join(blocks) + "</div>")
+
+
+def render_page(report: dict[str, Any], *, title: str | None = None, preface: str = "") -> str:
+    """The whole page, summary first. `preface`: extra HTML after the summary (doctor's
+    "fed vs trained")."""
+    e = report["engine"]
     title = title or f"EAGLE-3 conformance: {e['name']}"
     unavailable = f"<p>Engine unavailable: {esc(e['unavailable'])}</p>" if e.get("unavailable") else ""
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
 <title>{esc(title)}</title><style>{_CSS}</style></head><body>
 <h1>{esc(title)}</h1>
-<p class="verdict verdict-{esc(s['verdict'])}"><strong>Verdict: {esc(s['verdict'])}</strong> —
-{esc(s['verdict_reason'])}</p>
-<p class="muted">engine <code>{esc(e['name'])}</code> {esc(e.get('version') or '(version unknown)')};
-bundle <code>{esc(str(b.get('name')))}</code> sha256 <code>{esc((b.get('sha256') or '')[:16])}</code>;
-dtype {esc(str(report.get('dtype')))}; started {esc(str(report.get('started')))},
-{esc(str(report.get('duration_s')))} s; {s['passed']} passed, {s['failed']} failed,
-{s['errors']} errors, {s['skipped']} skipped, {s['xfailed']} xfailed</p>{unavailable}{preface}
-{coverage_html(s.get('coverage'))}{doctor_html(report.get('doctor'))}
-<h2>Checks at a glance</h2>{matrix_html(report['checks'], report.get('drafts') or [])}
-<h2>Root causes</h2>{root_causes_html(report)}
+{summary_html(report)}{unavailable}{preface}
+<h2>Checks at a glance</h2><div class="scroll">{matrix_html(report['checks'], report.get('drafts') or [])}</div>
+<h2>Findings</h2>{root_causes_html(report)}
+{wirings_html(report)}
+{coverage_html(report['summary'].get('coverage'))}{doctor_html(report.get('doctor'))}
 {acceptance_html(report)}{convention_html(report.get('observed_convention'))}
-{details_html(report)}{metrics_html(report)}
+<div class="scroll">{details_html(report)}</div>{metrics_html(report)}
 </body></html>
 """

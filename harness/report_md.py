@@ -52,13 +52,22 @@ def _pin_note(bundle: dict[str, Any]) -> str:
     return " — **unpinned** (not the committed, digest-pinned bundle)" if bundle.get("pinned") is False else ""
 
 
+def _judged_on(report: dict[str, Any]) -> str:
+    """The bundle line; doctor's report names its target and draft folders instead (it has no
+    bundle, and used to print "bundle `—` sha256 `` (None)")."""
+    doctor, b = report.get("doctor"), report.get("bundle") or {}
+    if doctor:
+        return f"- judged on: target `{doctor.get('target')}`, draft `{doctor.get('draft')}` (on disk, no bundle)"
+    sha = f" sha256 `{b['sha256'][:16]}`" if b.get("sha256") else ""
+    return f"- bundle: `{b.get('name') or '—'}`{sha} ({b.get('path')}){_pin_note(b)}"
+
+
 def render_markdown(report: dict[str, Any]) -> str:
-    e, b, s = report["engine"], report["bundle"], report["summary"]
+    e, s = report["engine"], report["summary"]
     out = [f"# EAGLE-3 conformance: {e['name']}", "",
            f"**Verdict: {s['verdict']}** — {s['verdict_reason']}", "",
            f"- engine: `{e['name']}` {e.get('version') or '(version unknown)'}",
-           f"- bundle: `{b.get('name') or '—'}` sha256 `{(b.get('sha256') or '')[:16]}` ({b.get('path')})"
-           f"{_pin_note(b)}",
+           _judged_on(report),
            f"- drafts: {', '.join(report['drafts']) or '—'}; dtype: {report.get('dtype')}",
            f"- started {report['started']}, {report['duration_s']} s",
            f"- {s['passed']} passed, {s['failed']} failed, {s['errors']} errors, "

@@ -37,6 +37,7 @@ class State:
     usage_error: str | None = None  # bad input met during collection; stops the run after it
     report: dict[str, Any] | None = None
     hung: str | None = None  # set when an engine call timed out: later engines are not started
+    deselected: int = 0  # checks -k / -m / --deselect left out: a certificate of a subset says so
     from_workers: bool = False  # an xdist controller: the checks ran in workers (distributed.py)
     _bundle: Any = None
 

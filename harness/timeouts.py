@@ -107,23 +107,37 @@ def call_with_deadline(fn: Callable[..., T], args: Sequence[Any], seconds: float
     if seconds is None:
         return fn(*args)
     box: dict[str, Any] = {}
+    finished = threading.Event()
 
     def run() -> None:
         try:
             box["value"] = fn(*args)
         except BaseException as e:  # handed to the waiting thread, never lost
             box["error"] = e
+        finally:
+            finished.set()
 
     worker = threading.Thread(target=run, name=f"engine-{call}", daemon=True)
-    worker.start()
-    # short joins: the main thread runs Python between them, so a Ctrl-C that the OS handed
+    # short waits: the main thread runs Python between them, so a Ctrl-C that the OS handed
     # to the worker thread is raised here at once, not after the deadline (seen under load:
-    # the interrupt of a busy capture came out as a hang)
+    # the interrupt of a busy capture came out as a hang). Liveness is the worker's own
+    # event, not Thread.is_alive(): a join that Ctrl-C interrupts marks a running thread as
+    # stopped (CPython 3.11's bpo-45274 handling), which hid it from _ABANDONED. start() is
+    # inside the try: an engine that is interrupted at once (its first op) interrupts start()'s
+    # own wait for the thread to run
     end = time.monotonic() + seconds
-    while worker.is_alive() and time.monotonic() < end:
-        worker.join(min(_POLL_S, max(0.0, end - time.monotonic())))
-    if worker.is_alive():
-        _ABANDONED.append(worker)
+    try:
+        worker.start()
+        while not finished.is_set() and time.monotonic() < end:
+            finished.wait(min(_POLL_S, max(0.0, end - time.monotonic())))
+    except BaseException:
+        # Ctrl-C while the engine still works: its thread is abandoned like a hung call's, so
+        # the process exits without interpreter shutdown under it (an abort, exit 134, else)
+        if not finished.is_set():
+            _ABANDONED.append(finished)
+        raise
+    if not finished.is_set():
+        _ABANDONED.append(finished)
         raise EngineHang(call, seconds, work)
     if "error" in box:
         raise box["error"]
@@ -135,16 +149,16 @@ _POLL_S = 0.2
 # interpreter shuts down: a torch op in a daemon thread at exit aborts the process
 # ("terminate called without an active exception", exit -6, seen with zoo:capture_hangs once
 # close() released its blocked forward), so the session waits for them (`join_abandoned`)
-_ABANDONED: list[threading.Thread] = []
+_ABANDONED: list[threading.Event] = []  # each set when its call's worker has left engine code
 
 
 def join_abandoned(seconds: float) -> int:
     """Wait up to `seconds` in all for the workers of hung calls to end (closing a hung
     engine releases them); how many are still running."""
     end = time.monotonic() + seconds
-    for worker in list(_ABANDONED):
-        worker.join(max(0.0, end - time.monotonic()))
-    _ABANDONED[:] = [w for w in _ABANDONED if w.is_alive()]
+    for finished in list(_ABANDONED):
+        finished.wait(max(0.0, end - time.monotonic()))
+    _ABANDONED[:] = [f for f in _ABANDONED if not f.is_set()]
     return len(_ABANDONED)
 
 

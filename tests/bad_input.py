@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 
 from harness import cli
+from harness.report import REPORT_FILES  # certificate.json and badge.svg too
 
 STALE = {"summary": {"verdict": "conformant"}, "stale": True}
-REPORT_FILES = ("report.json", "report.md", "report.html", "junit.xml")
 
 
 def seed_stale_report(report_dir: Path) -> Path:

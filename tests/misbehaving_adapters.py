@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import signal
 import threading
+import time
 from collections.abc import Sequence
 
 import torch
@@ -53,4 +54,17 @@ class InterruptedMidCheck(ReferenceEngine):
     def capture(self, prompts: Sequence[Sequence[int]]) -> Capture:
         os.kill(os.getpid(), signal.SIGINT)
         threading.Event().wait(30)
+        return super().capture(prompts)
+
+
+class InterruptedMidTorchOp(ReferenceEngine):
+    """Ctrl-C while the engine thread is inside torch: the interpreter must not shut down under
+    that thread (an abort, exit 134) — the CLI exits 130 without interpreter shutdown."""
+
+    def capture(self, prompts: Sequence[Sequence[int]]) -> Capture:
+        os.kill(os.getpid(), signal.SIGINT)
+        a = torch.randn(256, 256)
+        end = time.monotonic() + 20
+        while time.monotonic() < end:
+            a = torch.tanh(a @ a)
         return super().capture(prompts)

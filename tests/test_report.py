@@ -104,6 +104,9 @@ def test_report_json_schema(ran) -> None:
     for d in report["diagnoses"]:
         assert {"check", "kind", "message"} <= set(d)
     assert json.loads(json.dumps(report)) == report  # strict JSON: the NaN metric became null
+    from harness.schemas import problems
+
+    assert problems(report, "report") == []  # its JSON Schema (harness/schemas), every status in it
 
 
 def test_statuses_messages_and_diagnoses(ran) -> None:

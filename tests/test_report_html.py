@@ -10,6 +10,9 @@ still runs on the HTML text.
 
 from __future__ import annotations
 
+import copy
+import html
+import json
 import re
 import shutil
 import subprocess
@@ -22,11 +25,14 @@ import torch
 
 from harness import report as rep
 from harness.diagnosis.capture import diagnose_capture
+from harness.findings import fix_class
 from harness.golden.features import target_features
 from harness.models.target import build_target, target_config_dict
 from harness.observed_convention import Observation
+from harness.paths import default_bundle_path
 from harness.report_html import render_page
 
+ROOT = Path(__file__).resolve().parents[1]
 N = 8
 TRAINED = [2, 4, 5]
 CRASH = ("the engine fed fc 2 aux states where the draft's fc takes 3 and crashed: vLLM failed "
@@ -97,9 +103,10 @@ def test_page_leads_with_the_finding(report) -> None:
     causes = _classes(page, "div", "root-cause")
     # one block per cause: the offset (2 checks) and the crash (3 checks, 3 wordings)
     assert sorted(c["data-kind"] for c in causes) == ["embedding_missing", "offset"]
-    causes_html = page.split("<h2>Root causes</h2>", 1)[1].split("<h2>", 1)[0]
+    causes_html = page.split("<h2>Findings</h2>", 1)[1].split("<h2>", 1)[0]
     assert causes_html.count("mat1 and mat2") == 3  # each wording once, in the crash's one block
-    assert page.index('class="matrix"') < page.index('class="root-cause') < page.index('class="details"')
+    assert (page.index('id="summary"') < page.index('class="matrix"') < page.index('class="root-cause')
+            < page.index('class="details"'))
     assert "fix verified: ids [2, 4, 5]" in page
     # heatmap: one row per engine slot, one column per boundary 0..N, trained boundary outlined
     assert len(_classes(page, "rect", "heat-cell")) == len(TRAINED) * (N + 1)
@@ -145,3 +152,121 @@ def test_chromium_renders_the_elements(report, tmp_path: Path) -> None:
     res = _browser(exe, "--window-size=1400,2000", f"--screenshot={shot}", url)
     assert res.returncode == 0 and shot.exists(), res.stderr[-2000:]
     assert shot.stat().st_size > 20_000  # a rendered page, not a blank canvas
+
+
+# -- issue #35: summary first, findings folded, colours, doctor header, the wirings plot ------
+
+WIRINGS = json.loads((default_bundle_path() / "manifest.json").read_text())["drafts"]["specforge-default"]["wirings"]
+
+
+def _with_wirings(report: dict) -> dict:
+    out = copy.deepcopy(report)
+    out["wirings"] = {"shifted": WIRINGS}
+    out["metrics_by_draft"]["shifted"]["acceptance_length"] = 2.25  # near "one early"
+    return out
+
+
+def test_summary_leads_with_cause_fix_and_who_acts(report) -> None:
+    page = render_page(report)
+    summary = page.split('id="summary"', 1)[1].split("</section>", 1)[0]
+    for label in ("Cause", "Fix", "Who acts", "Run"):
+        assert f"<dt>{label}</dt>" in summary, label
+    # the unexpected finding (offset, 2 failed checks) leads, not the known crash (xfail)
+    assert "<code>offset</code> in 2 check(s)" in summary and "[2, 4, 5]" in summary
+    assert 'class="ok">fix verified' in summary
+    assert "whoever deploys the draft" in summary
+    assert "bundle <code>tiny</code>" in summary and "bundle None" not in page
+
+
+def test_one_card_per_finding_with_occurrences_folded(report) -> None:
+    """The offset seen in both drafts (5 checks) is one card, its second draft folded in."""
+    folded = copy.deepcopy(report)
+    offset = next(d for d in folded["diagnoses"] if d["kind"] == "offset")
+    for c in folded["checks"]:
+        if c["draft"] == "embed":
+            c.update(status="failed", diagnoses=[{k: v for k, v in offset.items()
+                                                  if k not in ("check", "draft")}])
+    page = render_page(folded)
+    (card,) = _classes(page, "div", "root-cause")
+    assert card["data-kind"] == "offset" and card["data-occurrences"] == "5"
+    assert "also in draft embed (3 check(s))" in page and "2 draft(s): shifted, embed" in page
+
+
+@pytest.mark.parametrize(("result", "cls"), [("fix verified: ids [1] capture ...", "ok"),
+                                             ("no fix needed: the engine feeds the trained boundaries", "ok"),
+                                             ("no fix: no id list makes this engine capture [0]", "warn"),
+                                             ("fix fails: the engine crashed", "bad")])
+def test_fix_colours_mean_what_they_say(result: str, cls: str) -> None:
+    assert fix_class(result) == cls
+
+
+def test_doctor_header_names_the_folders_not_a_bundle(report) -> None:
+    doc = copy.deepcopy(report)
+    doc["bundle"] = {"name": None, "path": None}
+    doc["doctor"] = {"target": "/ckpt/target", "draft": "/ckpt/draft", "layout": "specforge-nested",
+                     "config_ids": [1, 3, 4], "fed_boundaries": [2, 4, 5],
+                     "trained_boundaries": [2, 4, 5], "inference": {}, "fix_verified": False}
+    page = render_page(doc)
+    assert "bundle None" not in page and "sha256 <code></code>" not in page
+    assert "target <code>/ckpt/target</code>, draft <code>/ckpt/draft</code> (on disk, no bundle)" in page
+    from harness.report_md import render_markdown
+
+    assert "(on disk, no bundle)" in render_markdown(doc) and "None)" not in render_markdown(doc)
+    fix_cell = page.split("<th>fix</th>", 1)[1]
+    assert fix_cell.startswith('<td class="ok">no fix needed')  # not red
+
+
+def test_wirings_plot_places_the_engine_among_the_wrong_wirings(report) -> None:
+    page = render_page(_with_wirings(report))
+    (svg,) = _classes(page, "svg", "wirings")
+    assert svg["data-draft"] == "shifted"
+    assert len(_classes(page, "circle", "wrong")) == len(WIRINGS) - 1
+    assert len(_classes(page, "circle", "trained")) == 1 and len(_classes(page, "circle", "engine")) == 1
+    assert "this engine (measured)" in page and "2.25" in page
+    assert "every slot one boundary early" in page
+    assert render_page(report).count('class="wirings"') == 0  # a report without wirings: no plot
+
+
+_MEASURE = """<script>
+window.addEventListener('load', () => {
+  const s = document.getElementById('summary').getBoundingClientRect();
+  const grid = document.querySelector('table.matrix').parentElement;
+  document.body.setAttribute('data-metrics', JSON.stringify({
+    scrollWidth: document.documentElement.scrollWidth, innerWidth: window.innerWidth,
+    innerHeight: window.innerHeight, summaryBottom: s.bottom, summaryTop: s.top,
+    gridHidden: grid.scrollWidth - grid.clientWidth}));
+});
+</script></body>"""
+
+
+def _full_run() -> dict:
+    """A full run's report as committed (77 checks, 4 drafts, 27 check columns: the grid that
+    was cut off at 1400 px), with the bundle's wirings a run now records."""
+    full = json.loads((ROOT / "docs" / "figures" / "h200_seed14_ci_reference_bf16.json").read_text())
+    drafts = json.loads((default_bundle_path() / "manifest.json").read_text())["drafts"]
+    full["wirings"] = {d: drafts[d]["wirings"] for d in full["drafts"] if d in drafts}
+    return full
+
+
+@pytest.mark.parametrize("which", ["findings", "full-run"])
+@pytest.mark.parametrize("width", [1280, 1920])
+def test_chromium_no_horizontal_overflow_and_summary_above_the_fold(report, tmp_path: Path,
+                                                                     width: int, which: str) -> None:
+    """The page as report.html holds it, with a measuring script appended only for this test
+    (the page itself has none): nothing wider than the window, the summary in the first
+    screen (a laptop's 800 px high window)."""
+    exe = _chromium()
+    data = _with_wirings(report) if which == "findings" else _full_run()
+    page = render_page(data).replace("</body>", _MEASURE)
+    path = tmp_path / f"report-{which}-{width}.html"
+    path.write_text(page)
+    dom = _browser(exe, f"--window-size={width},800", "--virtual-time-budget=3000", "--dump-dom",
+                   path.as_uri())
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    found = re.search(r'data-metrics="([^"]+)"', dom.stdout)
+    assert found, dom.stdout[:2000]
+    m = json.loads(html.unescape(found.group(1)))
+    assert m["innerWidth"] >= width - 40, m  # the window really is that wide
+    assert m["scrollWidth"] <= m["innerWidth"], m  # no horizontal overflow
+    assert m["gridHidden"] <= 0, m  # the whole check grid in view, no scrolling inside it
+    assert 0 <= m["summaryTop"] and m["summaryBottom"] <= m["innerHeight"], m

@@ -19,12 +19,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 
-# sha256 of golden/<name>/manifest.json as committed (the manifest pins every file's sha256,
-# so this one digest pins the whole bundle). Rebuilding the bundle means updating it here;
-# tests/test_bad_input_bundle.py checks the committed bundle against it.
-PINNED_MANIFESTS: dict[str, str] = {
-    "tiny-dsv3": "1e8fa4454a3769e4187621397f5c32616bd21ddb54a83acb46b3e35bebeceb39",
-}
+from harness.golden.pins import PINNED_MANIFESTS
 
 
 def confined(root: Path, rel: object) -> str | None:
