@@ -337,6 +337,12 @@ def _checked_inputs(target: Path, draft: Path, engine_name: str, convention: str
         if _vllm_distribution() is None:  # found before any work, not at the engine's start
             raise DoctorError("engine vllm is unavailable here: vllm is not installed; install it "
                               "with pip install -e '.[vllm]', or use --engine reference")
+    from harness.lint import lint_draft
+
+    problems = lint_draft(draft, tcfg, None)
+    if problems:  # a broken draft is not a finding about the engine
+        more = f" (and {len(problems) - 1} more problem(s))" if len(problems) > 1 else ""
+        raise DoctorError(f"draft lint: {problems[0]}{more}; fix the draft folder")
     user = None
     if prompts_file is not None:
         user = read_prompts(prompts_file, int(tcfg["vocab_size"]),
@@ -369,15 +375,20 @@ class _Doctor:
         from harness.models.target import load_target
         from harness.weight_inference import greedy_prompts
 
-        model = load_target(self.i.target, torch.float32, self.device)
+        try:
+            model = load_target(self.i.target, torch.float32, self.device)
+        except Exception as e:  # noqa: BLE001 - a target that does not load is bad input
+            first = (str(e).strip().splitlines() or [""])[0]
+            raise DoctorError(f"cannot load the target {self.i.target} ({type(e).__name__}: "
+                              f"{first}); pass an HF-format target folder with its weights") from None
         if self.i.user_prompts is not None:
             seeds = self.i.user_prompts
-            self.tell.step(2, f"training-time reference: fp32 target on {self.device}, "
+            self.tell.step(1, f"training-time reference: fp32 target on {self.device}, "
                               f"{len(seeds)} prompts of {self.i.prompts_file} ({len(seeds[0])} tokens "
                               f"each) continued {PROMPT_NEW_TOKENS} tokens by the target")
             prompts, score_from = greedy_prompts(model, seeds, PROMPT_NEW_TOKENS), len(seeds[0])
         else:
-            self.tell.step(2, f"training-time reference: fp32 target on {self.device}, "
+            self.tell.step(1, f"training-time reference: fp32 target on {self.device}, "
                               f"{ROUND_PROMPTS} texts of {SAMPLE_LEN} tokens sampled from the target "
                               f"(round 1 of at most {MAX_ROUNDS})")
             prompts, score_from = self._sample(model, 0), 1
@@ -447,13 +458,11 @@ class _Doctor:
     def run(self) -> int:
         from harness.boundaries import LayerIdError, ids_to_boundaries, short_boundary
         from harness.doctor_outcome import CANNOT_TELL
-        from harness.lint import convention_readings, lint_draft
+        from harness.lint import convention_readings
 
         i = self.i
         self.say(f"target {i.target}: {self.n} layers, hidden {i.tcfg['hidden_size']}; draft "
                  f"{i.draft}: {i.layout} layout, ids {i.ids}")
-        for p in lint_draft(i.draft, i.tcfg, None):
-            self.say(f"lint: {p}")
         for line in convention_readings(i.ids, self.n):
             self.say(f"lint: {line}")
         told = None
@@ -466,9 +475,11 @@ class _Doctor:
                 self.say(f"ASSUMPTION (--convention {self.convention}): the config's ids {i.ids} "
                          f"mean nothing under it: {e}")
 
-        self.tell.step(1, f"starting {self.engine_name} ({self.options.dtype}, {self.device})")
-        engine, failed = start_engine(i.engine_cls, i.target, i.draft, self.options, i.budget)
+        # the reference first: a target that does not load is bad input, refused before an
+        # engine (with its worker processes) is started
         model, prompts, feats, score_from = self._reference()
+        self.tell.step(2, f"starting {self.engine_name} ({self.options.dtype}, {self.device})")
+        engine, failed = start_engine(i.engine_cls, i.target, i.draft, self.options, i.budget)
         self._prompts, self._feats = prompts, feats  # the fix is re-served on the same prompts
         self.tell.step(3, f"capturing what {self.engine_name} feeds the draft on {len(prompts)} prompts")
         served = failed if engine is None else serve(i.engine_cls, i.target, i.draft, self.options,

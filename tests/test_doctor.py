@@ -71,6 +71,31 @@ def test_bool_ids_are_refused_not_certified(tmp_path: Path, capsys) -> None:
     assert not (out / "report.json").exists()
 
 
+def test_a_draft_that_fails_lint_is_bad_input(tmp_path: Path, capsys) -> None:
+    """A broken draft (here its vocab size disagrees with the target's) is not a finding about
+    the engine: one line naming the lint problem, exit 2, no report."""
+    draft = _draft(tmp_path, "single-aux", [3])
+    cfg = json.loads((draft / "config.json").read_text())
+    cfg["vocab_size"] = 999
+    (draft / "config.json").write_text(json.dumps(cfg))
+    out = tmp_path / "report"
+    assert main(["doctor", "--target", TARGET, "--draft", str(draft), "--report-dir", str(out)]) == 2
+    assert "draft lint: vocab_size" in _one_line(capsys)
+    assert not (out / "report.json").exists()
+
+
+def test_a_target_whose_weights_do_not_load_is_bad_input(tmp_path: Path, capsys) -> None:
+    target = tmp_path / "target"
+    shutil.copytree(BUNDLE / "target", target)
+    for weights in target.glob("*.safetensors"):
+        weights.write_bytes(b"not a safetensors file")
+    out = tmp_path / "report"
+    assert main(["doctor", "--target", str(target), "--draft", str(BUNDLE / "draft-single-aux"),
+                 "--report-dir", str(out)]) == 2
+    assert "cannot load the target" in _one_line(capsys)
+    assert not (out / "report.json").exists()
+
+
 def _big(tmp_path: Path) -> str:
     path = tmp_path / "big.json"
     path.write_text(json.dumps([[5, 6, 7]] * 300))
@@ -176,7 +201,8 @@ def test_a_hung_engine_ends_the_doctor(tmp_path: Path, capsys, quiet: bool) -> N
     if quiet:
         assert "[3/5]" not in captured.err and "[3/5]" not in captured.out
     else:
-        assert "[3/5] capturing" in captured.err and " s]" in captured.err
+        for step in ("[1/5] training-time reference", "[2/5] starting", "[3/5] capturing"):
+            assert step in captured.err, captured.err
 
 
 # -- the seed case, end to end ---------------------------------------------------------------
