@@ -267,6 +267,7 @@ def run_doctor(target: Path, draft: Path, engine_name: str, convention: str | No
     started = time.time()
     if report_dir is not None:
         report_dir = prepare_report_dir(Path(report_dir))
+    # no progress line before the checks: refused input is one line on stderr, nothing else
     tell = Progress(progress if progress is not None else say, started)
     checked = _checked_inputs(Path(target), Path(draft), engine_name, convention, device,
                               timeout_scale, prompts_file)
@@ -443,10 +444,14 @@ class _Doctor:
                 versus = compare(scores, inference, fed)
             outcome = decide(inference, fed if fed is not None else list(inference.boundaries),
                              self.n, versus, more)
+            decided = (outcome.kind != CANNOT_TELL if fed is not None else not inference.ambiguous)
+            spent = time.time() - begun
+            ahead = ("" if decided or round_ == looks else
+                     f"; not decided: up to {looks - round_} more round(s) of {ROUND_PROMPTS} "
+                     f"texts, about {spent:.0f} s each")
             self.tell(f"  round {round_}/{looks}: {inference.prompts} prompts scored, best "
                       f"{inference.boundaries}, margin {inference.margin:+.3f} vs threshold "
-                      f"{inference.threshold:.3f}: {outcome.kind} ({time.time() - begun:.0f} s this round)")
-            decided = (outcome.kind != CANNOT_TELL if fed is not None else not inference.ambiguous)
+                      f"{inference.threshold:.3f}: {outcome.kind} ({spent:.0f} s this round{ahead})")
             if decided or round_ == looks:
                 return inference, outcome, scores
             extra = self._sample(model, round_)
@@ -678,10 +683,15 @@ class _Doctor:
 
 def _headline(outcome: Any, fix: dict[str, Any] | None) -> str:
     """The outcome in the words of issue #32: "miswired: trained at X, served at Y, fix Z"."""
-    from harness.doctor_outcome import MISWIRED, WIRED
+    from harness.doctor_outcome import CANNOT_TELL, MISWIRED, WIRED
 
     if outcome.kind == WIRED:
         return f"WIRED AS TRAINED: the engine feeds {outcome.fed}, the boundaries training used"
+    if outcome.kind == CANNOT_TELL:
+        if outcome.trained is None:
+            return "CANNOT TELL: on this text the draft's weights say nothing about its training"
+        return (f"CANNOT TELL: the engine feeds {outcome.fed}; the weights do not separate "
+                f"{_cands(outcome.plausible)} (they agree on slot(s) {outcome.shared_slots()})")
     if outcome.kind != MISWIRED:
         return f"{outcome.kind.upper()}"
     trained = str(outcome.trained)
