@@ -338,8 +338,17 @@ def _checked_inputs(target: Path, draft: Path, engine_name: str, convention: str
         if _vllm_distribution() is None:  # found before any work, not at the engine's start
             raise DoctorError("engine vllm is unavailable here: vllm is not installed; install it "
                               "with pip install -e '.[vllm]', or use --engine reference")
+    from harness.boundaries import LayerIdError, ids_to_boundaries
     from harness.lint import lint_draft
 
+    if convention is not None and engine_cls.convention is None:
+        # an engine that honours the trainer's convention (the reference) reads the ids in it:
+        # ids it cannot read would only make it fail, a finding about the assumption, not it
+        try:
+            ids_to_boundaries(ids, convention, int(tcfg["num_hidden_layers"]))
+        except LayerIdError as e:
+            raise DoctorError(f"--convention {convention} cannot read the config's ids {ids} ({e}); "
+                              f"name the trainer's convention or leave --convention out") from None
     problems = lint_draft(draft, tcfg, None)
     if problems:  # a broken draft is not a finding about the engine
         more = f" (and {len(problems) - 1} more problem(s))" if len(problems) > 1 else ""

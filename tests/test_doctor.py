@@ -141,6 +141,16 @@ def test_report_dir_that_cannot_take_a_report_is_refused_first(tmp_path: Path, c
         assert needle in _one_line(capsys)
 
 
+def test_a_convention_that_cannot_read_the_ids_is_refused_for_the_reference(tmp_path: Path, capsys) -> None:
+    """The reference serves the ids as the trainer's convention says; told one that cannot read
+    them ([-1, 3, 5] under SpecForge HEAD's rule) it could only fail, which says nothing about
+    the draft: refused, one line, exit 2."""
+    draft = _draft(tmp_path, "embed-first", [-1, 3, 5])
+    assert main(["doctor", "--target", TARGET, "--draft", str(draft), "--convention", "specforge"]) == 2
+    err = _one_line(capsys)
+    assert "--convention specforge cannot read the config's ids [-1, 3, 5]" in err
+
+
 @pytest.mark.parametrize("argv", [
     ["--convention", "nope"],
     ["--engine-timeout-scale", "-1"],
