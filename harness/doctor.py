@@ -436,14 +436,16 @@ class _Doctor:
         scores = BlockScores(dmodel, score_from)
         scores.add(prompts, feats)
         looks = 1 if self.i.user_prompts is not None else MAX_ROUNDS
-        more = ("a larger sample of the draft's training text (--prompts FILE, up to "
-                f"{MAX_PROMPTS} prompts)" if self.i.user_prompts is not None else
-                f"a sample of the draft's training text (--prompts FILE): the doctor's own "
-                f"{MAX_ROUNDS * ROUND_PROMPTS} texts sampled from the target left them within the "
-                f"sampling error")
-        more += ("; the trainer's convention would settle it only if the config's ids were "
-                 "surely the ones training used (--convention is printed as an assumption, "
-                 "never taken as the verdict)")
+        def more(prompts: int) -> str:
+            """What would separate the candidates, for a "cannot tell" on `prompts` prompts."""
+            text = (f"a larger sample of the draft's training text (--prompts FILE, up to "
+                    f"{MAX_PROMPTS} prompts)" if self.i.user_prompts is not None else
+                    f"a sample of the draft's training text (--prompts FILE): the doctor's own "
+                    f"{prompts} texts sampled from the target left them within the sampling error")
+            return text + ("; the trainer's convention would settle it only if the config's ids "
+                           "were surely the ones training used (--convention is printed as an "
+                           "assumption, never taken as the verdict)")
+
         for round_ in range(1, looks + 1):
             begun = time.time()
             inference = infer_boundaries(dmodel, [], [], scores=scores, looks=looks, progress=self.tell)
@@ -452,16 +454,22 @@ class _Doctor:
                     and list(fed) != inference.boundaries:
                 versus = compare(scores, inference, fed)
             outcome = decide(inference, fed if fed is not None else list(inference.boundaries),
-                             self.n, versus, more)
+                             self.n, versus, more(inference.prompts))
             decided = (outcome.kind != CANNOT_TELL if fed is not None else not inference.ambiguous)
+            # a draft that predicts the text worse than the constant guess beyond the sampling
+            # error (an untrained draft, or one of another target) will not be rescued by more
+            # of the same text: stop rather than spend the budget
+            hopeless = inference.accuracy - inference.baseline_accuracy < -inference.baseline_threshold
             spent = time.time() - begun
             ahead = ("" if decided or round_ == looks else
+                     "; the draft predicts this text worse than always guessing one token, so "
+                     "more of it cannot help: stopping" if hopeless else
                      f"; not decided: up to {looks - round_} more round(s) of {ROUND_PROMPTS} "
                      f"texts, about {spent:.0f} s each")
             self.tell(f"  round {round_}/{looks}: {inference.prompts} prompts scored, best "
                       f"{inference.boundaries}, margin {inference.margin:+.3f} vs threshold "
                       f"{inference.threshold:.3f}: {outcome.kind} ({spent:.0f} s this round{ahead})")
-            if decided or round_ == looks:
+            if decided or hopeless or round_ == looks:
                 return inference, outcome, scores
             extra = self._sample(model, round_)
             scores.add(extra, [target_features(model, p) for p in extra])

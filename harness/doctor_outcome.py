@@ -98,7 +98,7 @@ def decide(inference: Any, fed: Sequence[Any], num_layers: int,
                        f"always guessing token {inference.baseline_token} "
                        f"({inference.accuracy:.3f} vs {inference.baseline_accuracy:.3f}, needed a "
                        f"lead of {inference.baseline_threshold:.3f}), so the weights say nothing",
-                       separate=more)
+                       separate="check that the draft was trained for this target, then " + more)
     if fed == best and len(plausible) == 1:
         return Outcome(WIRED, best, plausible, fed,
                        f"the engine feeds the weights' best boundaries, and the weights rule out "
