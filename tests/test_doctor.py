@@ -8,8 +8,8 @@ same draft configured correctly ([-1, 3, 5]) must come out "wired as trained". B
 line, exit 2, before any work, and leaves no report behind. The engine is the real reference
 (transformers); the vLLM transcripts are in the README.
 
-Timing (2 shared CPU cores, load ~5 from other agents, one torch thread): a doctor run on the
-bundle is 30-45 s wall (15-20 s CPU) when one round of sampled text decides it, up to 90 s
+Timing (2 shared CPU cores, load 1-5 from other agents, one torch thread): a doctor run on the
+bundle is 10-45 s wall when one round of sampled text decides it, up to 90 s
 when it spends all four rounds; those tests are marked slow.
 """
 
@@ -326,27 +326,47 @@ def test_shifted_ids_are_named_and_fixed(tmp_path: Path, capsys) -> None:
 # -- every convention, every draft shifted: the decision on real evidence --------------------
 
 
-def _evidence(draft_dir: Path):
-    """The doctor's first round of its own evidence for a draft (24 texts sampled from the
-    target), the weight inference on it with the doctor's looks, and its block scores."""
+def _evidence(draft_dir: Path, text: str = "sampled"):
+    """The doctor's evidence for a draft: its first round of its own (24 texts sampled from the
+    target, scored with the doctor's 4 looks), or the bundle's 24 held-out prompts continued 32
+    tokens (what `--prompts` does with them: one look); the weight inference on it and its
+    block scores."""
     import torch
+    from safetensors.torch import load_file
 
-    from harness.doctor import MAX_ROUNDS, ROUND_PROMPTS, SAMPLE_LEN, SAMPLE_TEMPERATURE
+    from harness.doctor import (
+        MAX_ROUNDS,
+        PROMPT_NEW_TOKENS,
+        ROUND_PROMPTS,
+        SAMPLE_LEN,
+        SAMPLE_TEMPERATURE,
+    )
     from harness.golden.features import target_features
     from harness.models.draft import Eagle3Draft
     from harness.models.target import load_target
-    from harness.weight_inference import BlockScores, infer_boundaries, sampled_prompts
+    from harness.weight_inference import (
+        BlockScores,
+        greedy_prompts,
+        infer_boundaries,
+        sampled_prompts,
+    )
 
     model = load_target(BUNDLE / "target")
-    prompts = sampled_prompts(model, ROUND_PROMPTS, SAMPLE_LEN, seed=0, start=0,
-                              temperature=SAMPLE_TEMPERATURE)
+    if text == "sampled":
+        prompts = sampled_prompts(model, ROUND_PROMPTS, SAMPLE_LEN, seed=0, start=0,
+                                  temperature=SAMPLE_TEMPERATURE)
+        score_from, looks = 1, MAX_ROUNDS
+    else:
+        held = load_file(str(BUNDLE / "tensors.safetensors"))["heldout.ids"].tolist()
+        prompts = greedy_prompts(model, held, PROMPT_NEW_TOKENS)
+        score_from, looks = len(held[0]), 1
     feats = [target_features(model, p) for p in prompts]
     draft = Eagle3Draft.load(draft_dir)
     draft.embed_tokens.weight.data.copy_(model.model.embed_tokens.weight.data)
     with torch.no_grad():
-        scores = BlockScores(draft, 1)
+        scores = BlockScores(draft, score_from)
         scores.add(prompts, feats)
-        inference = infer_boundaries(draft, [], [], scores=scores, looks=MAX_ROUNDS)
+        inference = infer_boundaries(draft, [], [], scores=scores, looks=looks)
     return prompts, feats, inference, scores
 
 
@@ -371,16 +391,18 @@ def _outcome(draft_dir: Path, convention: str | None, prompts, feats, inference,
 
 
 @pytest.mark.slow
-def test_the_seed_case_under_every_convention_is_never_conformant(tmp_path: Path) -> None:
-    """--convention of every kind: it changes what the reference engine feeds ([2, 4, 6] or
+@pytest.mark.parametrize("text", ["sampled", "heldout-24"])
+def test_the_seed_case_under_every_convention_is_never_conformant(tmp_path: Path, text: str) -> None:
+    """--convention of every kind, on the doctor's own evidence and on the 24 held-out prompts
+    (--prompts): the convention changes what the reference engine feeds ([2, 4, 6] or
     [1, 3, 5]) and the ASSUMPTION lines, never the evidence; each outcome is miswired (naming
     the embedding) or cannot tell, never wired as trained. One inference, then one capture per
-    convention. ~25 s."""
+    convention. 10-15 s each."""
     from harness.boundaries import CONVENTIONS
     from harness.doctor_outcome import MISWIRED, WIRED
 
     seed = _seed(tmp_path)
-    evidence = _evidence(seed)
+    evidence = _evidence(seed, text)
     seen = {}
     for convention in sorted(CONVENTIONS):
         fed, outcome = _outcome(seed, convention, *evidence)
