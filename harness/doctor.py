@@ -508,7 +508,11 @@ class _Doctor:
                                                      i.budget, prompts, engine)
         if served.features is None:  # the engine's failure is the finding; the weights wait
             return self._failed(served)
-        fed = fed_labels(served.features, feats, self.options.dtype)
+        try:
+            fed = fed_labels(served.features, feats, self.options.dtype)
+        except ValueError as e:  # rows or widths that are no capture of these prompts at all
+            return self._failed(Served(crash=f"the engine's features are no capture of the "
+                                             f"prompts: {str(e).splitlines()[0]}"))
         self.tell.step(4, "inferring the trained boundaries from the draft's weights")
         inference, outcome, scores = self._weights(model, prompts, feats, score_from, fed)
         self.say(inference.line())
@@ -636,6 +640,17 @@ class _Doctor:
         if fix_ids is None:
             self.say(f"fix: no id list makes {self.engine_name} feed {trained}: {'; '.join(why)}")
             return None
+        if fix_ids == list(self.i.ids):
+            fix_ids = _observed_fix(self.i.ids, outcome.fed, trained) or fix_ids
+        if fix_ids == list(self.i.ids):
+            # the config already names the trained boundaries in this engine's reading: what the
+            # engine feeds instead is its own doing, and no config change can fix it
+            text = (f"none in the config: its ids {fix_ids} already name {trained} for "
+                    f"{self.engine_name}; the engine feeds {outcome.fed} regardless (an engine bug: "
+                    f"the diagnosis above)")
+            self.say(f"fix: {text}")
+            return {"ids": None, "layout": self.i.layout, "suggested": False, "verified": False,
+                    "slots": None, "result": text, "diagnosis_kind": diag.kind if diag else None}
         self.tell.step(5, f"re-serving with {IDS} = {fix_ids} ({self.i.layout}) to verify the fix")
         with tempfile.TemporaryDirectory(prefix="eagle3-doctor-") as scratch:
             fixed = with_ids(self.i.draft, fix_ids, self.i.layout, Path(scratch))
@@ -666,7 +681,7 @@ class _Doctor:
         check.settle(status, "" if status == "passed" else f"{outcome.kind}: {outcome.evidence}")
         if fed is not None:
             collector.observe(Observation(self.i.layout, tuple(self.i.ids), self.n, slots=tuple(fed)))
-        if fix is not None:
+        if fix is not None and fix["ids"] is not None:
             collector.fix(self.i.draft.name, {k: fix[k] for k in ("ids", "layout", "suggested",
                                                                   "diagnosis_kind", "result")})
         trained = outcome.trained if outcome.kind != CANNOT_TELL else None
@@ -698,6 +713,20 @@ class _Doctor:
         return outcome.exit_code
 
 
+def _observed_fix(ids: Sequence[int], fed: Sequence[Any] | None, trained: Sequence[int]) -> list[int] | None:
+    """Ids from the engine's observed reading, where it is a plain offset (b = id + d, slots
+    in any order: engines sort): the trained boundaries minus d. Only a candidate: the doctor
+    re-serves it, and the re-served capture decides."""
+    if not fed or len(fed) != len(ids) or not all(isinstance(b, int) and not isinstance(b, bool) for b in fed):
+        return None
+    offsets = {b - i for b, i in zip(sorted(fed), sorted(ids), strict=True)}
+    if len(offsets) != 1:
+        return None
+    d = offsets.pop()
+    out = [b - d for b in trained]
+    return out if all(i >= 0 for i in out) and out != list(ids) else None
+
+
 def _headline(outcome: Any, fix: dict[str, Any] | None) -> str:
     """The outcome in the words of issue #32: "miswired: trained at X, served at Y, fix Z"."""
     from harness.doctor_outcome import CANNOT_TELL, MISWIRED, WIRED
@@ -717,6 +746,8 @@ def _headline(outcome: Any, fix: dict[str, Any] | None) -> str:
                     f"{outcome.shared_slots()})")
     if fix is None:
         fixed = "no id list makes this engine feed it (see fix: above)"
+    elif fix["ids"] is None:
+        fixed = "none in the config, the engine feeds it wrong (see diagnosis: above)"
     else:
         fixed = f"ids {fix['ids']} ({'verified by re-serving' if fix['verified'] else 'NOT verified: see fix: above'})"
     return f"MISWIRED: trained at {trained}, served at {outcome.fed}, fix: {fixed}"

@@ -488,3 +488,36 @@ def test_doctor_on_real_vllm_names_the_offset_and_verifies_the_fix(tmp_path: Pat
     assert report["diagnoses"][0]["kind"] == "offset", text
     assert report["diagnoses"][0]["suggested_layer_ids"] == [2, 4, 5], text
     assert doc["fix_verified"] and "fix verified: ids [2, 4, 5]" in text, text
+
+
+# -- engines that feed wrong whatever the config says: the bug zoo ----------------------------
+
+
+def test_a_fix_from_the_engines_observed_reading() -> None:
+    """Where the ids already name the trained boundaries in the assumed reading, the engine's
+    observed plain offset gives the ids to re-serve (engines sort slots, so order is ignored);
+    no plain offset, or the same ids again, gives none."""
+    from harness.doctor import _observed_fix
+
+    assert _observed_fix([1, 3, 4], [1, 3, 4], [2, 4, 5]) == [2, 4, 5]  # b = id: vLLM's reading
+    assert _observed_fix([1, 3, 4], [5, 4, 2], [2, 4, 5]) is None  # b = id + 1 already: same ids
+    assert _observed_fix([1, 3, 4], [1, 3, 6], [2, 4, 5]) is None  # no plain offset
+    assert _observed_fix([1, 3, 4], [None, 3, 4], [2, 4, 5]) is None
+    assert _observed_fix([0, 3, 4], [3, 6, 7], [0, 4, 5]) is None  # would need id -3
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mutant, fed, fix", [
+    ("ids_minus_one", [1, 3, 4], "fix: ids [2, 4, 5] (verified by re-serving)"),
+    ("slots_descending", [5, 4, 2], "fix: none in the config"),
+    ("residual_missing", ["mlp_out[2]", "mlp_out[4]", "mlp_out[5]"], "fix: none in the config"),
+])
+def test_zoo_mutants_are_miswired_with_the_fix_there_is(tmp_path: Path, capsys, mutant: str, fed: list,
+                                                       fix: str) -> None:
+    """A correct SpecForge draft served by bug-zoo engines: miswired every time, never wired as
+    trained; the fix is an id list only where one makes the engine feed what training used
+    (re-served to verify), otherwise "none in the config". ~15 s each."""
+    code, text, report = _doctor(tmp_path, BUNDLE / "draft-specforge-default", capsys,
+                                 "--engine", f"zoo:{mutant}")
+    assert code == 1 and report["doctor"]["fed_boundaries"] == fed, text
+    assert report["doctor"]["trained_boundaries"] == [2, 4, 5] and fix in text, text
