@@ -96,6 +96,39 @@ def test_a_target_whose_weights_do_not_load_is_bad_input(tmp_path: Path, capsys)
     assert not (out / "report.json").exists()
 
 
+def _bad_case(tmp_path: Path, case: str) -> list[str]:
+    """Arguments for one bad input, its files built in tmp_path."""
+    if case == "target config not an object":
+        shutil.copytree(BUNDLE / "target", tmp_path / "t")
+        (tmp_path / "t" / "config.json").write_text("[1, 2]")
+        return ["--target", str(tmp_path / "t"), "--draft", str(BUNDLE / "draft-single-aux")]
+    if case == "report dir a symlink loop":
+        (tmp_path / "loop").symlink_to(tmp_path / "loop")
+        return ["--target", TARGET, "--draft", str(BUNDLE / "draft-single-aux"),
+                "--report-dir", str(tmp_path / "loop")]
+    if case == "draft weights corrupt":
+        shutil.copytree(BUNDLE / "draft-single-aux", tmp_path / "d")
+        (tmp_path / "d" / "model.safetensors").write_text("garbage")
+        return ["--target", TARGET, "--draft", str(tmp_path / "d")]
+    if case == "draft a symlink loop":
+        (tmp_path / "loop").symlink_to(tmp_path / "loop")
+        return ["--target", TARGET, "--draft", str(tmp_path / "loop")]
+    assert case == "device this torch cannot use"
+    return ["--target", TARGET, "--draft", str(BUNDLE / "draft-single-aux"), "--device", "cuda:99"]
+
+
+@pytest.mark.parametrize("case, needle", [
+    ("target config not an object", "not a JSON object"),
+    ("report dir a symlink loop", "cannot be written"),
+    ("draft weights corrupt", "draft lint: files: cannot read the draft"),
+    ("draft a symlink loop", "config.json not found"),
+    ("device this torch cannot use", "--device cuda:99"),
+])
+def test_more_bad_input_is_one_line_exit_2(tmp_path: Path, capsys, case: str, needle: str) -> None:
+    assert main(["doctor", *_bad_case(tmp_path, case)]) == 2
+    assert needle in _one_line(capsys)
+
+
 def _big(tmp_path: Path) -> str:
     path = tmp_path / "big.json"
     path.write_text(json.dumps([[5, 6, 7]] * 300))
