@@ -437,18 +437,30 @@ def cmd_verify_certificate(a: argparse.Namespace, extra: Sequence[str]) -> int:
 # -- parser ----------------------------------------------------------------------------------
 
 
-def cmd_doctor(a: argparse.Namespace, extra: Sequence[str]) -> int:
-    """One checkpoint pair on disk, no bundle (harness.doctor)."""
-    from harness.doctor import DoctorError, run_doctor
-    from harness.registry import EngineLookupError
+def _silent(line: str) -> None:
+    """--quiet: progress goes nowhere."""
 
+
+def cmd_doctor(a: argparse.Namespace, extra: Sequence[str]) -> int:
+    """One checkpoint pair on disk, no bundle (harness.doctor). Findings on stdout; progress
+    on stderr unless --quiet."""
+    from harness.doctor import DoctorError, run_doctor
+
+    def progress(line: str) -> None:
+        print(line, file=sys.stderr, flush=True)
+
+    if a.quiet:  # transformers' weight-loading bars are progress too
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
     try:
-        _check_engine(a.engine)
         return run_doctor(Path(a.target), Path(a.draft), a.engine, a.convention, a.device, a.dtype,
                           Path(a.report_dir) if a.report_dir else None,
                           say=lambda line: print(line, flush=True),
-                          prompts_file=Path(a.prompts) if a.prompts else None)
-    except (DoctorError, EngineLookupError) as e:
+                          prompts_file=Path(a.prompts) if a.prompts else None,
+                          progress=_silent if a.quiet else progress,
+                          timeout_scale=a.engine_timeout_scale)
+    except DoctorError as e:
         raise CliError(str(e)) from None
 
 
@@ -518,20 +530,39 @@ def build_parser() -> argparse.ArgumentParser:
     wir.add_argument("path")
     wir.set_defaults(func=cmd_golden_wirings)
 
-    doc = sub.add_parser("doctor", help="diagnose one target/draft pair on disk (no bundle)")
+    from harness.doctor import MAX_PROMPTS, MAX_ROUNDS, ROUND_PROMPTS, SAMPLE_LEN
+    from harness.doctor_outcome import EXIT_HELP
+
+    doc = sub.add_parser(
+        "doctor", help="diagnose one target/draft pair on disk (no bundle)",
+        description="Says whether ENGINE feeds the draft the hidden states it was trained on, "
+                    "from what the engine captures and what the draft's weights say: \"wired as "
+                    "trained\", \"miswired: trained at X, served at Y, fix Z\" (the fix re-served "
+                    "to verify it), or \"cannot tell\" (which candidates the weights do not "
+                    "separate, and what would).", epilog=EXIT_HELP)
     doc.add_argument("--target", required=True, help="HF-format target folder")
     doc.add_argument("--draft", required=True, help="EAGLE-3 draft folder (config.json, model.safetensors)")
-    doc.add_argument("--engine", default="vllm", help="engine to serve the draft (default: vllm)")
-    doc.add_argument("--convention", help="the trainer's layer-id convention, where the weights "
-                                          "cannot tell (a key of harness.boundaries.CONVENTIONS)")
+    doc.add_argument("--engine", default="reference",
+                     help="engine to serve the draft (default: reference, the training-time "
+                          "reference that works after `pip install -e .`; vllm needs "
+                          "pip install -e '.[vllm]')")
+    doc.add_argument("--convention", help="the trainer's layer-id convention (a key of "
+                                          "harness.boundaries.CONVENTIONS): printed as an "
+                                          "ASSUMPTION and weighed against the weights, never "
+                                          "taken as the verdict")
     doc.add_argument("--device", default="cpu", help="cpu, or cuda for a large target")
     doc.add_argument("--dtype", choices=("float32", "bfloat16", "float16"),
                      help="engine dtype (default: the engine's)")
-    doc.add_argument("--report-dir", help="write report.json/md/html here")
-    doc.add_argument("--prompts", help="JSON list of token-id lists from the draft's training data: the "
-                                       "weights are scored on the target's continuations of them "
-                                       "(default: random-token prompts, which a small draft may not "
-                                       "predict well enough to name its layers)")
+    doc.add_argument("--report-dir", help="write report.json/md/html here (emptied first)")
+    doc.add_argument("--prompts", help=f"JSON list of at most {MAX_PROMPTS} token-id lists from the "
+                                       f"draft's training data, each continued 32 tokens by the "
+                                       f"target and scored (default: the doctor samples text from "
+                                       f"the target, {ROUND_PROMPTS} texts of {SAMPLE_LEN} tokens a "
+                                       f"round, up to {MAX_ROUNDS} rounds, until the outcome is "
+                                       f"decided)")
+    opt = next(o for o in RUN_OPTIONS if o.flag == "--engine-timeout-scale")
+    doc.add_argument(opt.flag, dest=opt.dest, **opt.argparse_kwargs())
+    doc.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     doc.set_defaults(func=cmd_doctor)
 
     table = sub.add_parser("conformance-table", help="render docs/CONFORMANCE.md from reports")
@@ -550,10 +581,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _clear_refused_run(argv: Sequence[str]) -> None:
-    """A `run` or `selftest` refused while its arguments were parsed (before the command could
-    clear its report folder) must not leave the previous verdict standing either: clear the
-    folder it names."""
-    if not argv or argv[0] not in ("run", "selftest"):
+    """A `run`, `selftest` or `doctor` refused while its arguments were parsed (before the
+    command could clear its report folder) must not leave the previous verdict standing
+    either: clear the folder it names."""
+    if not argv or argv[0] not in ("run", "selftest", "doctor"):
         return
     given = None
     for i, arg in enumerate(argv):

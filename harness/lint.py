@@ -14,7 +14,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 
-from harness.boundaries import LayerIdError, ids_to_boundaries
+from harness.boundaries import CONVENTIONS, LayerIdError, ids_to_boundaries, short_boundary
 from harness.config_schema import draft_config_problems, target_config_problems
 from harness.golden.integrity import weights_problem
 from harness.models.draft import DRAFT_ARCHITECTURE
@@ -35,10 +35,64 @@ def _ids(cfg: dict) -> list[int] | None:
     return None if ids is None else list(ids)  # types checked by config_schema first
 
 
-def lint_draft(draft_dir: Path, target_config: dict, convention: str = "specforge",
+# the conventions trainers write ids in (DESIGN.md's table: its training rows); the others are
+# engines' readings, listed so a user sees what each engine would make of the ids
+TRAINING_CONVENTIONS = ("specforge", "eagle3-original", "embedding-minus-one")
+
+
+def convention_readings(ids: list[int], num_layers: int) -> list[str]:
+    """What the ids mean under every known convention (harness.boundaries.CONVENTIONS), one
+    line per distinct meaning, then the conventions they are not valid under with why: no
+    config field says which convention ids are in, so lint says all it could mean."""
+    meaning: dict[tuple[int, ...], list[str]] = {}
+    invalid: list[str] = []
+    for name in CONVENTIONS:
+        label = name + (" (trainer)" if name in TRAINING_CONVENTIONS else "")
+        try:
+            meaning.setdefault(ids_to_boundaries(ids, name, num_layers), []).append(label)
+        except LayerIdError as e:
+            invalid.append(f"{label} ({str(e).removeprefix(name + ': ').split('; ')[0]})")
+    lines = [f"ids {ids} mean boundaries {list(bs)} "
+             f"({', '.join(short_boundary(b, num_layers) for b in bs)}) under {', '.join(names)}"
+             for bs, names in meaning.items()]
+    if invalid:
+        lines.append(f"ids {ids} are not valid under: {', '.join(invalid)}")
+    return lines
+
+
+def ids_problem(ids: list[int], convention: str | None, num_layers: int,
+                training_boundaries: tuple[int, ...] | None) -> str | None:
+    """The one-line problem with the ids, or None. Under a given convention: whether they are
+    valid there (and, with the training boundaries known, whether they name them). With no
+    convention (a draft on disk, the doctor): an error only where no known convention reads
+    them, since ids valid under a trainer's convention ([-1, 3, 5] for "-1 = embedding") are
+    a correct config."""
+    if convention is not None:
+        try:
+            bs = ids_to_boundaries(ids, convention, num_layers)
+        except LayerIdError as e:
+            return str(e)
+        if training_boundaries is not None and tuple(bs) != tuple(training_boundaries):
+            return (f"{ids} mean boundaries {list(bs)} under {convention}, but training used "
+                    f"{list(training_boundaries)}; write the ids training used")
+        return None
+    reasons = []
+    for name in CONVENTIONS:
+        try:
+            ids_to_boundaries(ids, name, num_layers)
+            return None
+        except LayerIdError as e:
+            reasons.append(str(e))
+    return (f"{ids} are valid under no known convention ({'; '.join(reasons[:2])}; ...); write "
+            f"the ids in your trainer's convention")
+
+
+def lint_draft(draft_dir: Path, target_config: dict, convention: str | None = "specforge",
                training_boundaries: tuple[int, ...] | None = None) -> list[LintProblem]:
     """Problems with a draft folder for a target; empty when it is consistent. Never raises:
-    a malformed config is a list of one-line problems, not a traceback in a check."""
+    a malformed config is a list of one-line problems, not a traceback in a check.
+    `convention` None: the ids are an error only if no known convention reads them
+    (`ids_problem`); what they mean under each is `convention_readings`."""
     cfg_path, weights_path = draft_dir / "config.json", draft_dir / "model.safetensors"
     if not cfg_path.is_file() or not weights_path.is_file():
         return [LintProblem("files", f"{draft_dir} needs config.json and model.safetensors")]
@@ -58,7 +112,7 @@ def lint_draft(draft_dir: Path, target_config: dict, convention: str = "specforg
 
 
 def _lint_consistency(cfg: dict, state: dict[str, torch.Tensor], target_config: dict,
-                      convention: str, training_boundaries: tuple[int, ...] | None) -> list[LintProblem]:
+                      convention: str | None, training_boundaries: tuple[int, ...] | None) -> list[LintProblem]:
     problems: list[LintProblem] = []
     add = lambda f, m: problems.append(LintProblem(f, m))  # noqa: E731
     num_layers = int(target_config["num_hidden_layers"])
@@ -76,15 +130,9 @@ def _lint_consistency(cfg: dict, state: dict[str, torch.Tensor], target_config: 
     elif not (cfg.get("eagle_config") or {}).get("use_aux_hidden_state", True):
         add("eagle_config.use_aux_hidden_state", "is false, so engines feed the draft the last "
                                                  "hidden state only; set it true for EAGLE-3")
-    if ids:
-        try:
-            bs = ids_to_boundaries(ids, convention, num_layers)
-            if training_boundaries is not None and tuple(bs) != tuple(training_boundaries):
-                add("eagle_aux_hidden_state_layer_ids",
-                    f"{ids} mean boundaries {list(bs)} under {convention}, but training used "
-                    f"{list(training_boundaries)}; write the ids training used")
-        except LayerIdError as e:
-            add("eagle_aux_hidden_state_layer_ids", str(e))
+    problem = ids_problem(ids, convention, num_layers, training_boundaries) if ids else None
+    if problem:
+        add("eagle_aux_hidden_state_layer_ids", problem)
     if int(cfg.get("target_hidden_size") or cfg["hidden_size"]) != target_hidden:
         add("target_hidden_size", f"is {cfg.get('target_hidden_size')}, the target's hidden size is "
                                   f"{target_hidden}; set it to {target_hidden}")

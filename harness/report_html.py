@@ -49,7 +49,7 @@ th{background:#f3f3f3} code,pre{font-family:ui-monospace,monospace;font-size:.9e
 pre{white-space:pre-wrap;background:#f8f8f8;padding:.5rem;margin:0}
 .passed{background:#e9f7ec}.failed,.error{background:#fde8e8}.xfail{background:#fff4e0}
 .skipped,.xpass{background:#f2f2f2}.none{background:#fff;color:#bbb}
-.verdict-conformant{color:#1a7f37}.verdict-nonconformant{color:#c62828}
+.verdict-conformant{color:#1a7f37}.verdict-nonconformant{color:#c62828}.verdict-cannot{color:#8a6d00}
 table.matrix th.check{writing-mode:vertical-rl;transform:rotate(180deg);font-weight:normal;
  font-size:.8em;max-height:16rem;white-space:nowrap}
 table.matrix td.cell{text-align:center;font-weight:600;font-size:.8em;min-width:2.2rem;
@@ -402,8 +402,12 @@ def doctor_html(doctor: dict[str, Any] | None) -> str:
         return ""
     inf = doctor.get("inference") or {}
     verdict = "ambiguous" if inf.get("ambiguous") else "decided"
+    outcome = doctor.get("outcome") or {}
     fixed = _doctor_fix(doctor)
-    return (f'<div class="doctor"><h2>Draft on disk</h2><table class="doctor"><tr><th>config ids '
+    return (f'<div class="doctor"><h2>Draft on disk</h2><p class="doctor-outcome"><strong>'
+            f'{esc(str(outcome.get("outcome", "")))}</strong> — {esc(str(outcome.get("evidence", "")))}'
+            f'{(" What would separate them: " + esc(outcome["separate"])) if outcome.get("separate") else ""}'
+            f'</p><table class="doctor"><tr><th>config ids '
             f'({esc(str(doctor.get("layout")))})</th><td><code>{esc(json.dumps(doctor.get("config_ids")))}'
             f'</code></td></tr><tr><th>engine fed (boundaries)</th><td><code>'
             f'{esc(json.dumps(doctor.get("fed_boundaries")))}</code></td></tr><tr><th>trained on '

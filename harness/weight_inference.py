@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -57,6 +58,7 @@ from harness.golden.training import TTT_STEPS, ttt_forward
 from harness.models.draft import Eagle3Draft
 
 EXHAUSTIVE_LIMIT = 5000
+BATCH = 32  # prompts of one length per TTT forward (memory grows with it)
 ALPHA = 0.05
 
 
@@ -81,6 +83,10 @@ class Inference:
     baseline_accuracy: float = 0.0
     baseline_threshold: float = 0.0
     informative: bool = True  # the best beats the constant guess beyond the sampling error
+    # every candidate the best does not beat beyond the sampling error, the best first: the
+    # sets the weights cannot tell apart (one member: the answer is decided)
+    plausible: list[list[int]] = field(default_factory=list)
+    comparisons: int = 1  # the Bonferroni count of the test: candidates - 1, times the looks
     accuracies: dict[str, float] = field(default_factory=dict, repr=False)
 
     def line(self) -> str:
@@ -108,7 +114,8 @@ class Inference:
                 "steps": self.steps, "prompts": self.prompts,
                 "candidates": self.candidates, "search": self.search, "ambiguous": self.ambiguous,
                 "baseline_token": self.baseline_token, "baseline_accuracy": self.baseline_accuracy,
-                "baseline_threshold": self.baseline_threshold, "informative": self.informative}
+                "baseline_threshold": self.baseline_threshold, "informative": self.informative,
+                "plausible": self.plausible, "comparisons": self.comparisons}
 
 
 def paired_threshold(a: Sequence[torch.Tensor], b: Sequence[torch.Tensor],
@@ -195,18 +202,41 @@ def greedy_prompts(target: torch.nn.Module, seeds: Sequence[Sequence[int]],
     return out
 
 
-def _hits(draft: Eagle3Draft, prompt: Sequence[int], feats: TargetFeatures,
-          boundaries: Sequence[int], score_from: int, steps: int) -> torch.Tensor:
-    """Per scored anchor t, the fraction of its TTT steps j (those with a token at t+j+1) whose
-    draft argmax is the target's argmax there, inside the draft vocab (module doc)."""
-    assert feats.logits is not None, "inference needs the target's logits: compute the features"
-    labels = feats.logits.argmax(-1)  # features live on the CPU; the draft on its device
+def sampled_prompts(target: torch.nn.Module, count: int, length: int, seed: int,
+                    start: int, temperature: float = 1.0) -> list[list[int]]:
+    """`count` texts of `length` tokens sampled from the target itself, from token `start`
+    (its BOS), the generator seeded with `seed`: text of the target's own distribution, which
+    is what a draft is trained to predict (EAGLE-3 drafts are trained on target-generated or
+    target-labelled text), and unlike greedy continuations it does not fall into loops whose
+    anchors are near copies of each other. Sampled side by side as one batch (no padding:
+    every row has the same length)."""
+    device = next(target.parameters()).device
+    gen = torch.Generator().manual_seed(seed)
+    ids = torch.full((count, 1), int(start), dtype=torch.long, device=device)
+    with torch.no_grad():
+        for _ in range(length - 1):
+            logits = target(input_ids=ids, use_cache=False).logits[:, -1].float().cpu()
+            probs = torch.softmax(logits / temperature, dim=-1)
+            nxt = torch.multinomial(probs, 1, generator=gen).to(device)
+            ids = torch.cat([ids, nxt], dim=1)
+    return ids.tolist()
+
+
+def _hits(draft: Eagle3Draft, prompts: Sequence[Sequence[int]], feats: Sequence[TargetFeatures],
+          boundaries: Sequence[int], score_from: int, steps: int) -> list[torch.Tensor]:
+    """Per prompt (all of one length, run as one batch: the TTT forward is causal and needs no
+    padding), per scored anchor t, the fraction of its TTT steps j (those with a token at
+    t+j+1) whose draft argmax is the target's argmax there, inside the draft vocab (module doc)."""
+    assert all(f.logits is not None for f in feats), "inference needs the target's logits: compute the features"
+    labels = torch.stack([f.logits.argmax(-1) for f in feats])  # features on the CPU
     device = draft.embed_tokens.weight.device
-    _, _, preds = ttt_forward(draft, torch.tensor([list(prompt)], device=device),
-                              aux_features(feats, boundaries)[None].to(device, draft.embed_tokens.weight.dtype),
-                              labels[None].to(device), steps=steps)
-    return _block_scores([draft.to_target_ids(pred[0]).cpu() == labels[1 + j:1 + j + pred.shape[1]]
-                          for j, pred in enumerate(preds)], score_from)
+    aux = torch.stack([aux_features(f, boundaries) for f in feats])
+    _, _, preds = ttt_forward(draft, torch.tensor([list(p) for p in prompts], device=device),
+                              aux.to(device, draft.embed_tokens.weight.dtype), labels.to(device),
+                              steps=steps)
+    return [_block_scores([draft.to_target_ids(pred[row]).cpu() == labels[row, 1 + j:1 + j + pred.shape[1]]
+                           for j, pred in enumerate(preds)], score_from)
+            for row in range(len(prompts))]
 
 
 def _block_scores(step_hits: Sequence[torch.Tensor], score_from: int) -> torch.Tensor:
@@ -236,31 +266,89 @@ def _constant_hits(feats: TargetFeatures, length: int, score_from: int, steps: i
                          score_from)
 
 
+class BlockScores:
+    """Per candidate boundary list (in slot order), per prompt, the block scores of `_hits`.
+    Prompts can be added between inferences (the doctor gathers evidence in rounds): each
+    (candidate, prompt) pair is scored once, so a later round pays only for its new prompts."""
+
+    def __init__(self, draft: Eagle3Draft, score_from: int = 0, steps: int = TTT_STEPS) -> None:
+        self.draft, self.score_from, self.steps = draft, score_from, steps
+        self.prompts: list[list[int]] = []
+        self.features: list[TargetFeatures] = []
+        self._per: dict[tuple[int, ...], list[torch.Tensor]] = {}
+
+    def add(self, prompts: Sequence[Sequence[int]], features: Sequence[TargetFeatures]) -> None:
+        if len(prompts) != len(features):
+            raise ValueError(f"{len(prompts)} prompts but features for {len(features)}")
+        self.prompts += [list(p) for p in prompts]
+        self.features += list(features)
+
+    def of(self, boundaries: Sequence[int]) -> list[torch.Tensor]:
+        """Per prompt, the block scores of the draft fed `boundaries` in this slot order."""
+        have = self._per.setdefault(tuple(int(b) for b in boundaries), [])
+        todo = list(range(len(have), len(self.prompts)))
+        done: dict[int, torch.Tensor] = {}
+        with torch.no_grad():
+            for length in sorted({len(self.prompts[i]) for i in todo}):
+                group = [i for i in todo if len(self.prompts[i]) == length]
+                for start in range(0, len(group), BATCH):
+                    rows = group[start:start + BATCH]
+                    scored = _hits(self.draft, [self.prompts[i] for i in rows],
+                                   [self.features[i] for i in rows], tuple(boundaries),
+                                   self.score_from, self.steps)
+                    done.update(zip(rows, scored, strict=True))
+        have.extend(done[i] for i in todo)
+        return have
+
+    def mean(self, boundaries: Sequence[int]) -> float:
+        return float(torch.cat(self.of(boundaries)).mean())
+
+
+def compare(scores: BlockScores, inference: Inference, other: Sequence[int]) -> tuple[float, float]:
+    """(mean block score of the inference's best minus `other`'s, the margin it must exceed),
+    under the same correction for multiplicity as the inference's own runner-up test: the best
+    was picked from the candidates, so a test against it is one of as many comparisons."""
+    return paired_threshold(scores.of(inference.boundaries), scores.of(other), inference.comparisons)
+
+
 def infer_boundaries(draft: Eagle3Draft, prompts: Sequence[Sequence[int]],
                      features: Sequence[TargetFeatures], score_from: int = 0,
                      progress: Callable[[str], None] | None = None,
-                     steps: int = TTT_STEPS) -> Inference:
-    """Search the target's boundary combinations for the one fc was trained on (module doc)."""
-    n = features[0].num_layers
+                     steps: int = TTT_STEPS, scores: BlockScores | None = None,
+                     looks: int = 1) -> Inference:
+    """Search the target's boundary combinations for the one fc was trained on (module doc).
+
+    `scores`: a BlockScores to reuse (its prompts are then the evidence; `prompts` and
+    `features` are ignored), so that rounds of evidence score each prompt once. `looks`: how
+    many times, at most, the caller will run this test on growing evidence and stop at the
+    first decided answer; the significance level is split over them (Bonferroni), since every
+    look is another chance for noise to pass the bar."""
+    if scores is None:
+        scores = BlockScores(draft, score_from, steps)
+        scores.add(prompts, features)
+    n = scores.features[0].num_layers
     k = draft.cfg.num_aux
-    cache: dict[tuple[int, ...], torch.Tensor] = {}
-    per_prompt: dict[tuple[int, ...], list[torch.Tensor]] = {}
-
-    def hits(c: tuple[int, ...]) -> torch.Tensor:
-        if c not in cache:
-            with torch.no_grad():
-                per_prompt[c] = [_hits(draft, p, f, c, score_from, steps)
-                                 for p, f in zip(prompts, features, strict=True)]
-            cache[c] = torch.cat(per_prompt[c])
-            if progress and len(cache) % 50 == 0:
-                progress(f"  {len(cache)} candidate boundary sets scored")
-        return cache[c]
-
+    touched: dict[tuple[int, ...], float] = {}
     total = math.comb(n + 1, k)
-    if total <= EXHAUSTIVE_LIMIT:
+    exhaustive = total <= EXHAUSTIVE_LIMIT
+    started = time.monotonic()
+
+    def mean(c: tuple[int, ...]) -> float:
+        if c not in touched:
+            touched[c] = scores.mean(c)
+            if progress and len(touched) % 20 == 0:
+                spent = time.monotonic() - started
+                left = (f", about {spent * (total - len(touched)) / len(touched):.0f} s left"
+                        if exhaustive else "")
+                progress(f"  {len(touched)}{'/' + str(total) if exhaustive else ''} candidate "
+                         f"boundary sets scored on {len(scores.prompts)} prompts "
+                         f"({spent:.0f} s{left})")
+        return touched[c]
+
+    if exhaustive:
         search = "exhaustive"
         for c in itertools.combinations(range(n + 1), k):
-            hits(c)
+            mean(c)
     else:
         search = "coordinate"
         current = list(sorted({round(i * n / (k + 1)) for i in range(1, k + 1)}))
@@ -272,25 +360,33 @@ def infer_boundaries(draft: Eagle3Draft, prompts: Sequence[Sequence[int]],
             for s in range(k):
                 options = [tuple(sorted(current[:s] + [b] + current[s + 1:]))
                            for b in range(n + 1) if b not in current[:s] + current[s + 1:]]
-                current = list(max(options, key=lambda c: float(hits(c).mean())))
+                current = list(max(options, key=mean))
             if current == before:
                 break
-    ranked = sorted(cache, key=lambda c: float(cache[c].mean()), reverse=True)
+    ranked = sorted(touched, key=lambda c: touched[c], reverse=True)
     best = ranked[0]
     second = ranked[1] if len(ranked) > 1 else best
-    margin, threshold = paired_threshold(per_prompt[best], per_prompt[second], len(cache) - 1)
+    comparisons = max(1, len(touched) - 1) * max(1, looks)
+    best_scores = scores.of(best)
+    margin, threshold = paired_threshold(best_scores, scores.of(second), comparisons)
     # a margin of zero (no discordant token) is no evidence whatever its standard error
     ambiguous = not (margin > threshold and margin > 0)
-    token = _most_common_label(features, prompts, score_from)
-    constant = [_constant_hits(f, len(p), score_from, steps, token)
-                for p, f in zip(prompts, features, strict=True)]
-    lead, needed = paired_threshold(per_prompt[best], constant)
+    plausible = [list(best)]
+    for c in ranked[1:]:
+        m, t = paired_threshold(best_scores, scores.of(c), comparisons)
+        if not (m > t and m > 0):
+            plausible.append(list(c))
+    token = _most_common_label(scores.features, scores.prompts, scores.score_from)
+    constant = [_constant_hits(f, len(p), scores.score_from, scores.steps, token)
+                for p, f in zip(scores.prompts, scores.features, strict=True)]
+    lead, needed = paired_threshold(best_scores, constant, max(1, looks))
     informative = lead > needed
     ambiguous = ambiguous or not informative
-    return Inference(boundaries=list(best), accuracy=float(cache[best].mean()), runner_up=list(second),
-                     runner_up_accuracy=float(cache[second].mean()), margin=margin, threshold=threshold,
-                     tokens=int(cache[best].numel()), steps=steps, prompts=len(prompts),
-                     candidates=len(cache), search=search, ambiguous=ambiguous, baseline_token=token,
+    return Inference(boundaries=list(best), accuracy=touched[best], runner_up=list(second),
+                     runner_up_accuracy=touched[second], margin=margin, threshold=threshold,
+                     tokens=int(torch.cat(best_scores).numel()), steps=scores.steps,
+                     prompts=len(scores.prompts), candidates=len(touched), search=search,
+                     ambiguous=ambiguous, baseline_token=token,
                      baseline_accuracy=float(torch.cat(constant).mean()), baseline_threshold=needed,
-                     informative=informative,
-                     accuracies={str(list(c)): round(float(cache[c].mean()), 4) for c in ranked})
+                     informative=informative, plausible=plausible, comparisons=comparisons,
+                     accuracies={str(list(c)): round(touched[c], 4) for c in ranked})

@@ -9,9 +9,9 @@ the error shrinks and embed-first is named confidently (0.014 against 0.008; fin
 against 0.010). On untrained drafts (random
 weights, the bundle draft's vocab map) it must be "ambiguous" every time, on random-token
 seeds and on the held-out text alike — a confident answer there would be noise taken for
-evidence. (On random-token seeds, what `doctor` uses without
-prompts of the user's own, the bundle drafts predict ~0.3 of the target's tokens and every
-answer is "ambiguous".)
+evidence. (On random-token seeds continued greedily, what `doctor` used to score without
+prompts of the user's own, every answer is "ambiguous"; the doctor now samples text from the
+target, `sampled_prompts`, on which tests/test_doctor.py decides the seed case.)
 """
 
 from __future__ import annotations
@@ -27,9 +27,11 @@ from harness.models.draft import Eagle3Draft
 from harness.models.target import load_target
 from harness.paths import default_bundle_path
 from harness.weight_inference import (
+    BlockScores,
     greedy_prompts,
     infer_boundaries,
     paired_threshold,
+    sampled_prompts,
     student_t_quantile,
 )
 
@@ -167,3 +169,30 @@ def test_untrained_drafts_are_ambiguous(reference, in_language, text: str) -> No
         lines.append(f"random draft {seed} on {text}: {inf.line()}")
     print("\n".join(lines))
     assert all("ambiguous" in line for line in lines), lines
+
+
+def test_block_scores_batched_and_in_rounds_equal_one_prompt_at_a_time() -> None:
+    """The doctor scores prompts of one length as one batch, and adds prompts in rounds: the
+    block scores must be exactly those of one prompt at a time (the TTT forward is causal, so
+    a batch needs no padding), and an inference over scores grown in two rounds must equal one
+    over all prompts at once."""
+    target = load_target(BUNDLE / "target")
+    prompts = sampled_prompts(target, 6, 20, seed=3, start=0)
+    assert len({len(p) for p in prompts}) == 1 and all(p[0] == 0 for p in prompts)
+    assert sampled_prompts(target, 6, 20, seed=3, start=0) == prompts  # seeded
+    feats = [target_features(target, p) for p in prompts]
+    draft = _load("single-aux", target)
+    batched = BlockScores(draft, 1)
+    batched.add(prompts, feats)
+    alone = []
+    for p, f in zip(prompts, feats, strict=True):
+        one = BlockScores(draft, 1)
+        one.add([p], [f])
+        alone += one.of((4,))
+    assert all(torch.equal(a, b) for a, b in zip(batched.of((4,)), alone, strict=True))
+    grown = BlockScores(draft, 1)
+    grown.add(prompts[:3], feats[:3])
+    infer_boundaries(draft, [], [], scores=grown)
+    grown.add(prompts[3:], feats[3:])
+    once, twice = infer_boundaries(draft, prompts, feats, score_from=1), infer_boundaries(draft, [], [], scores=grown)
+    assert once.to_json() == twice.to_json()
