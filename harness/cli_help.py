@@ -44,10 +44,10 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
     ),
     "golden wirings": (f"{PROG} golden wirings golden/tiny-dsv3",),
     "doctor": (
+        f"{PROG} doctor --target ckpt/target --draft ckpt/eagle3 --report-dir out/",
         f"{PROG} doctor --target ckpt/target --draft ckpt/eagle3 --engine vllm --report-dir out/",
         f"{PROG} doctor --target T --draft D --convention specforge --prompts sample.json",
     ),
-    "lint": (f"{PROG} lint --target ckpt/target --draft ckpt/eagle3",),
     "conformance-table": (
         f"{PROG} conformance-table reports/*/report.json --out docs/CONFORMANCE.md",),
     "verify-certificate": (
@@ -66,8 +66,9 @@ def apply_examples(parser: argparse.ArgumentParser, path: str = "") -> None:
     """Give `parser` and every subparser under it its examples as the --help epilog, kept
     line by line (RawDescriptionHelpFormatter)."""
     text = epilog(path)
-    if text and not parser.epilog:
-        parser.epilog = text
+    if text and (not parser.epilog or "examples:" not in parser.epilog):
+        # a parser's own epilog (doctor's exit codes) comes first, the examples after it
+        parser.epilog = f"{parser.epilog}\n\n{text}" if parser.epilog else text
         parser.formatter_class = argparse.RawDescriptionHelpFormatter
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
