@@ -330,3 +330,30 @@ def test_layer_id_config_captures_are_named_exactly(key: str, bounds: tuple[int,
     served = next(d for d in factory_drafts(o, tmp_path, [bounds]))
     kind, message = named(o, MUTANTS[key], served, dtype)
     assert kind == MUTANTS[key].expected_diagnosis_kind, message
+
+
+@pytest.mark.parametrize("draft", ["specforge-default", "embed-first", "single-aux", "final-aux"])
+def test_one_boundary_off_is_caught_on_every_draft_inside_the_envelope(draft: str) -> None:
+    """Power kept: features a correct bf16 engine would hand over (the envelope's widest
+    member), every slot one boundary early (one late for the embedding), judged against the
+    envelope of the other members, fail on every draft."""
+    o = _oracle()
+    prompt = max(o.pinned_prompts, key=len)[:LONG]
+    env = o.envelope(prompt, "bfloat16")
+    state = env.members["all-reduced"]
+    trained = o.spec(draft).boundaries
+    feats = torch.cat([state.boundaries[b - 1 if b > 0 else 1] for b in trained], -1)
+    with pytest.raises(ConformanceFailure, match=r"not the training boundaries"):
+        assert_capture_matches(
+            features=[feats], golden=[o.features(prompt)], training_boundaries=trained,
+            dtype="bfloat16", engine_name="x", engine_convention=None,
+            config_ids=o.spec(draft).layer_ids, draft=draft, prompts=[prompt], check="c",
+            envelopes=[env.without("all-reduced")])
+
+
+def test_drift_needs_most_of_at_least_four_tokens() -> None:
+    """A slot 5% off on every token is drift over a long prompt (test above) but not over two
+    tokens: there its 'median' is a token's error, which the per-token judgement passed as a
+    precision outlier clearly its own boundary (harness.tolerances.DRIFT_REASON)."""
+    prompt = max(_oracle().pinned_prompts, key=len)[:2]
+    _judge(_bf16(prompt, [2, 4, lambda g: g.boundaries[5] * 1.05]), prompt, "specforge-default")
