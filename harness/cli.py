@@ -599,6 +599,20 @@ def _clear_refused_run(argv: Sequence[str]) -> None:
             pass
 
 
+def _doing(argv: Sequence[str], error: BaseException) -> str:
+    """What the suite was doing when it failed itself (exit 3): the command and the deepest
+    frame of the suite's own code, so a bug report names a place without a traceback."""
+    import traceback
+
+    command = next((a for a in argv if not a.startswith("-")), "(no command)")
+    root = Path(__file__).resolve().parent
+    frames = [f for f in traceback.extract_tb(error.__traceback__)
+              if Path(f.filename).resolve().is_relative_to(root)]
+    where = (f" in {Path(frames[-1].filename).resolve().relative_to(root.parent)}:"
+             f"{frames[-1].lineno} ({frames[-1].name})") if frames else ""
+    return f"running `{command}`{where}"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     extra: list[str] = []
@@ -622,8 +636,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if os.environ.get(DEBUG_ENV):
             raise
         first = (str(e).strip().splitlines() or [""])[0]
-        print(f"error: unexpected {type(e).__name__}: {first}; rerun with {DEBUG_ENV}=1 for "
-              f"the traceback", file=sys.stderr)
+        print(f"error: unexpected {type(e).__name__}: {first}; a bug of the suite, raised while "
+              f"{_doing(argv, e)}; rerun with {DEBUG_ENV}=1 for the traceback and report it",
+              file=sys.stderr)
         return 3
 
 

@@ -86,7 +86,11 @@ def test_unexpected_error_is_one_line_exit_3(monkeypatch: pytest.MonkeyPatch,
     monkeypatch.setattr(cli, "cmd_table", boom)
     monkeypatch.delenv(cli.DEBUG_ENV, raising=False)
     assert cli.main(["conformance-table", "x.json"]) == 3
-    assert "unexpected RuntimeError: kaput;" in _one_line_error(capsys)
+    line = _one_line_error(capsys)
+    assert "unexpected RuntimeError: kaput;" in line
+    # exit 3 says what the suite was doing: the command and the suite's own frame
+    assert "while running `conformance-table` in tests/test_cli.py" not in line
+    assert "running `conformance-table`" in line
 
 
 def test_conformance_table_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -208,3 +212,17 @@ def test_golden_build_on_cuda_without_a_gpu_is_one_line(capsys: pytest.CaptureFi
         pytest.skip("this machine has a CUDA device: the refusal cannot be shown here")
     assert cli.main(["golden", "build", "--out", "x", "--device", "cuda"]) == 2
     assert "torch sees no CUDA device here; pass --device cpu" in _one_line_error(capsys)
+
+
+def test_exit_3_names_the_place_in_the_suite(monkeypatch: pytest.MonkeyPatch,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    """A bug of the suite (exit 3) says where in the suite's own code it happened, so the
+    one line is a bug report without a traceback."""
+    from harness.tolerances import tolerance_for
+
+    monkeypatch.setattr(cli, "cmd_table", lambda args, extra: tolerance_for("int4"))
+    monkeypatch.delenv(cli.DEBUG_ENV, raising=False)
+    assert cli.main(["conformance-table", "x.json"]) == 3
+    line = _one_line_error(capsys)
+    assert "while running `conformance-table` in harness/tolerances.py:" in line
+    assert "(tolerance_for)" in line and "report it" in line
