@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -163,9 +164,13 @@ def test_a_user_bundle_is_reported_unpinned(smoke_bundle: Path, tmp_path: Path,
     """A bundle the user built has no pin: certified against, and called unpinned in
     report.json (`bundle.pinned`), report.md and the verdict line."""
     out = tmp_path / "out"
-    cli.main(["run", "--bundle", str(smoke_bundle), "--report-dir", str(out), "--draft", DRAFT,
-              "-k", "test_draft_config", "--", "-q", "-p", "no:cacheprovider"])
-    verdict = capsys.readouterr().out.strip().splitlines()[-1]
+    bundle = tmp_path / "smoke"  # a private copy: other tests may alter the shared one
+    shutil.copytree(smoke_bundle, bundle)
+    code = cli.main(["run", "--bundle", str(bundle), "--report-dir", str(out), "--draft", DRAFT,
+                     "-k", "test_draft_config", "--", "-q", "-p", "no:cacheprovider"])
+    captured = capsys.readouterr()
+    assert (out / "report.json").is_file(), (code, captured.err[-1500:], captured.out[-1500:])
+    verdict = captured.out.strip().splitlines()[-1]
     report = json.loads((out / "report.json").read_text())
     assert report["bundle"]["pinned"] is False
     assert "bundle smoke is unpinned" in verdict, verdict
