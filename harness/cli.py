@@ -55,6 +55,31 @@ class RunInterrupted(KeyboardInterrupt):
     """Ctrl-C reached pytest, which stopped and wrote no report: not a verdict."""
 
 
+class SuiteNotCollected(Exception):
+    """Suite modules failed to import: pytest stops with the exit code it gives Ctrl-C
+    ("interrupted"), but this is a broken install or a suite bug, not the user's Ctrl-C."""
+
+
+class _ExitWatch:
+    """A pytest plugin that tells apart the two causes behind pytest's exit code 2: a
+    keyboard interrupt, or modules that did not collect (whose node ids it keeps)."""
+
+    def __init__(self) -> None:
+        self.keyboard_interrupt = False
+        self.not_collected: list[str] = []
+
+    def pytest_keyboard_interrupt(self, excinfo: Any) -> None:
+        import pytest
+
+        # pytest stops a session whose collection failed by raising Session.Interrupted, a
+        # KeyboardInterrupt of its own: that one is not the user's
+        self.keyboard_interrupt = not excinfo.errisinstance(pytest.Session.Interrupted)
+
+    def pytest_collectreport(self, report: Any) -> None:
+        if report.failed:
+            self.not_collected.append(report.nodeid or "<collection>")
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         raise CliError(f"{message}; see `{self.prog} --help`")
@@ -149,7 +174,13 @@ def cmd_run(a: argparse.Namespace, extra: Sequence[str]) -> int:
                                        MAX_XFAILS_BYTES))
     bundle = bundle_path(a.bundle)
     _check_bundle(bundle, a.draft or ())
-    code = int(pytest.main(_pytest_args(a, bundle, report_dir, extra)))
+    watch = _ExitWatch()
+    code = int(pytest.main(_pytest_args(a, bundle, report_dir, extra), plugins=[watch]))
+    if code == pytest.ExitCode.INTERRUPTED and watch.not_collected and not watch.keyboard_interrupt:
+        raise SuiteNotCollected(
+            f"pytest could not collect {', '.join(watch.not_collected)} (the errors are above); no "
+            f"verdict and no report were written — a broken install or a bug of the suite: "
+            f"reinstall, and report it if it stays")
     if code == pytest.ExitCode.INTERRUPTED:
         raise RunInterrupted()
     mode = non_run_flag(extra)
@@ -632,6 +663,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("error: interrupted (Ctrl-C); no verdict and no report were written — rerun to "
               "certify", file=sys.stderr)
         return 130
+    except SuiteNotCollected as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 3
     except Exception as e:
         if os.environ.get(DEBUG_ENV):
             raise

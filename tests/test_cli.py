@@ -226,3 +226,24 @@ def test_exit_3_names_the_place_in_the_suite(monkeypatch: pytest.MonkeyPatch,
     line = _one_line_error(capsys)
     assert "while running `conformance-table` in harness/tolerances.py:" in line
     assert "(tolerance_for)" in line and "report it" in line
+
+
+def test_a_suite_module_that_does_not_collect_is_exit_3_not_ctrl_c(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """pytest gives "interrupted" (its exit code 2) both to Ctrl-C and to modules that fail to
+    collect. The latter is a broken install or a suite bug: exit 3 naming the module, not 130
+    "interrupted (Ctrl-C)". Provoked as CI met it: another module of the same name already
+    imported, so suites/test_canary.py does not import ("import file mismatch")."""
+    import types
+
+    other = types.ModuleType("test_canary")
+    other.__file__ = str(tmp_path / "elsewhere" / "test_canary.py")
+    monkeypatch.setitem(sys.modules, "test_canary", other)
+    out = tmp_path / "out"
+    code = cli.main(["run", "--report-dir", str(out), "-k", "test_draft_config", "--", "-q",
+                     "-p", "no:cacheprovider"])
+    err = capsys.readouterr().err
+    assert code == 3, (code, err[-2000:])
+    line = err.strip().splitlines()[-1]
+    assert line.startswith("error: pytest could not collect") and "test_canary.py" in line, line
+    assert "Ctrl-C" not in err and not (out / "report.json").exists()

@@ -50,3 +50,16 @@ def test_no_module_reaches_up(pattern: str, forbidden: tuple[str, ...]) -> None:
 
 def test_the_old_diagnose_module_is_gone() -> None:
     assert not (HARNESS / "diagnose.py").exists()
+
+
+def test_no_test_module_name_is_shared_by_tests_and_suites() -> None:
+    """pytest's default import mode names a test module by its file name alone, so a name in
+    both tests/ and suites/ makes `eagle3-conformance run` called in-process after the unit
+    tests were collected (as tests/test_bad_input_golden.py does) fail to collect the suite
+    module ("import file mismatch"): CI failed on exactly this with test_canary.py and
+    test_decode_inputs.py."""
+    root = HARNESS.parent
+    shared = ({p.name for p in (root / "tests").glob("test_*.py")}
+              & {p.name for p in (root / "suites").glob("test_*.py")})
+    assert not shared, (f"test modules named alike in tests/ and suites/: {sorted(shared)}; "
+                        f"rename the one in tests/")
