@@ -35,6 +35,8 @@ from harness.engines.base import (
 from harness.engines.speculative import Eagle3Runtime
 from harness.models.draft import Eagle3Draft
 
+IDS = "eagle_aux_hidden_state_layer_ids"  # the config key of the ids, in either layout
+
 # The engine's own layer-id rule, declared by the adapter without editing the package: id k is
 # the output of layer k (boundary k+1) and -1 the embedding. Diagnoses word their fixing id
 # lists in it, and report.json names it.
@@ -64,7 +66,11 @@ class TemplateEngine(Engine):
         draft = Eagle3Draft.load(self.draft_dir, dtype, options.device)
         # 2. Read the ids where the engine reads them, in the engine's own rule.
         config = json.loads((self.draft_dir / "config.json").read_text())
-        ids = config["eagle_config"]["eagle_aux_hidden_state_layer_ids"]
+        #    SpecForge nests the ids under eagle_config, speculators writes them at the top
+        #    level: a draft comes in either layout.
+        ids = config.get("eagle_config", {}).get(IDS, config.get(IDS))
+        if ids is None:
+            raise EngineCrash(f"template engine found no {IDS} in the draft config")
         try:
             boundaries = ids_to_boundaries(ids, self.convention, target.config.num_hidden_layers)
         except ValueError as e:  # the engine refuses the draft: a conformance failure

@@ -52,6 +52,11 @@ class Convention:
     embedding_id: int | None = None
     negative_id_reason: str = "negative ids are not layer ids in this convention"
 
+    def __str__(self) -> str:
+        """Its name: messages and reports say "template-engine", not the dataclass's fields
+        (an adapter's own convention printed as a raw object before)."""
+        return self.name
+
     # -- one id / one boundary -------------------------------------------------------------
 
     def offset_for(self, ids: Sequence[int]) -> int:

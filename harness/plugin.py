@@ -69,6 +69,10 @@ def pytest_configure(config: pytest.Config) -> None:
     except OptionError as e:
         raise pytest.UsageError(str(e)) from None
     name = config.getoption("engine")
+    from harness.assertions.base import set_run_engine  # torch: not at plugin import
+
+    # a dotted path is the one --engine value an adapter's `name` does not repeat
+    set_run_engine(name if ":" in name and not name.startswith("zoo:") else None)
     if not config.getoption("--hypothesis-profile", None):
         try:
             profiles.load_default_profile()

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import os
 import re
+import sys
 from typing import Any
 
 BUILTIN: dict[str, str] = {
@@ -62,10 +64,23 @@ def check_engine_name(name: str) -> None:
     raise _unknown(name, f"unknown engine {name!r}")
 
 
+def _current_folder_importable() -> None:
+    """A user's adapter named `pkg.module:Class` is found in the current folder, as
+    `python -m pytest` or `python -m harness.cli` would find it: the console script alone
+    does not put the current folder on sys.path, so ADAPTERS.md's
+    `--engine examples.template_adapter:TemplateEngine` failed from a fresh clone. Appended,
+    so an installed package of the same name still wins."""
+    here = os.getcwd()
+    if here not in sys.path and "" not in sys.path:
+        sys.path.append(here)
+
+
 def _load(path: str, builtin: bool) -> type:
     from harness.engines.base import EngineUnavailable
 
     module_name, _, attr = path.partition(":")
+    if not builtin:
+        _current_folder_importable()
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as e:
@@ -76,8 +91,10 @@ def _load(path: str, builtin: bool) -> type:
                     f"engine {path.partition(':')[0].rsplit('.', 1)[-1]!r} has no adapter in this "
                     f"checkout ({module_name} is missing); use another engine or update "
                     f"eagle3-conformance") from None
-            raise _unknown(path, f"cannot import {module_name} (no module {missing!r}); check the "
-                                 f"path or install the package that provides it") from None
+            raise _unknown(path, f"cannot import {module_name} (no module {missing!r}, neither "
+                                 f"installed nor in the current folder {os.getcwd()}); check the "
+                                 f"path, run from the folder that holds it, or install the "
+                                 f"package that provides it") from None
         if not builtin:  # the user's own adapter is broken: their input, not our engine
             raise EngineLookupError(f"cannot import {module_name}: it needs {missing!r}, which is "
                                     f"not installed; install it or fix the adapter") from None

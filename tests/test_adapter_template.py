@@ -24,7 +24,10 @@ from harness.paths import default_bundle_path
 
 ROOT = Path(__file__).resolve().parents[1]
 TEMPLATE = ROOT / "examples" / "template_adapter.py"
-CHECKS = "draft_config or capture_pinned or fc_output"
+CHECKS = "draft_config or capture_pinned or fc_output or speculators-top-level"
+# the layer-id checks on a speculators draft (ids at the top level of config.json): the
+# template once read only eagle_config's ids and failed both with a KeyError
+TOP_LEVEL_CHECKS = 2
 
 
 def test_the_suite_runs_the_template_by_dotted_path(tmp_path: Path) -> None:
@@ -38,7 +41,7 @@ def test_the_suite_runs_the_template_by_dotted_path(tmp_path: Path) -> None:
     report = json.loads((out / "report.json").read_text())
     bundle = load_bundle(default_bundle_path(), verify_hashes=False)
     assert report["summary"]["verdict"] == "conformant"
-    assert report["summary"]["passed"] == 3 * len(bundle.draft_names)
+    assert report["summary"]["passed"] == 3 * len(bundle.draft_names) + TOP_LEVEL_CHECKS
     assert report["engine"]["convention"] == TEMPLATE_CONVENTION.name not in CONVENTIONS
     assert {d: i["boundaries"] for d, i in report["engine"]["info"].items()} == {
         d: list(bundle.draft(d).boundaries) for d in bundle.draft_names}
@@ -79,3 +82,39 @@ def test_the_doc_quotes_the_template_verbatim() -> None:
     assert len(quoted) >= 3, "ADAPTERS.md quotes the template in blocks headed '# examples/template_adapter.py'"
     for block in quoted:
         assert block in source, f"ADAPTERS.md quotes code the template does not have:\n{block}"
+
+
+def test_a_dotted_path_is_found_in_the_current_folder(tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """ADAPTERS.md's `eagle3-conformance run --engine examples.template_adapter:TemplateEngine`
+    runs the console script, which (unlike `python -m`) does not put the current folder on
+    sys.path: the registry must look there, or a fresh clone answers "no module 'examples'".
+    A vendor's own package in a fresh folder, with that folder off sys.path, is found."""
+    from harness.registry import resolve_engine
+
+    package = tmp_path / "vendor_adapters"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "engine.py").write_text("from examples.template_adapter import TemplateEngine\n\n"
+                                       "class VendorEngine(TemplateEngine):\n    name = 'vendor'\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
+    monkeypatch.delitem(sys.modules, "vendor_adapters", raising=False)
+    monkeypatch.delitem(sys.modules, "vendor_adapters.engine", raising=False)
+    cls = resolve_engine("vendor_adapters.engine:VendorEngine")
+    assert cls.__name__ == "VendorEngine" and issubclass(cls, TemplateEngine)
+
+
+def test_the_reproducer_repeats_the_dotted_path_and_the_convention_prints_by_name(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A failure's reproducer must rerun the engine it failed on: for an adapter that is the
+    --engine value given (`examples.template_adapter:TemplateEngine`), not its `name`
+    ("template", which --engine refuses); an adapter's own convention prints as its name."""
+    from harness.assertions import base
+
+    monkeypatch.setattr(base, "_RUN_ENGINE", {})
+    assert "--engine template " in base.reproducer("template", "single-aux", check="c")
+    base.set_run_engine("examples.template_adapter:TemplateEngine")
+    line = base.reproducer(TemplateEngine.name, "single-aux", check="c")
+    assert "--engine examples.template_adapter:TemplateEngine --draft single-aux -k c" in line, line
+    assert f"{TEMPLATE_CONVENTION}" == "template-engine"

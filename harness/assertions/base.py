@@ -26,6 +26,19 @@ def require(engine: Engine, capability: Capability) -> None:
 
 
 
+# The --engine value this run was given, set by the plugin at configure: the reproducer
+# repeats it, since an adapter's `name` ("template") is not what --engine takes
+# ("examples.template_adapter:TemplateEngine").
+_RUN_ENGINE: dict[str, str] = {}
+
+
+def set_run_engine(value: str | None) -> None:
+    """Remember the run's --engine value for the reproducers (None forgets it)."""
+    _RUN_ENGINE.pop("value", None)
+    if value:
+        _RUN_ENGINE["value"] = value
+
+
 def current_check() -> str:
     """The running check's function name (pytest's PYTEST_CURRENT_TEST, parameters dropped):
     what `-k` selects to rerun it."""
@@ -36,6 +49,7 @@ def current_check() -> str:
 def reproducer(engine_name: str | None, draft: str, prompts: Sequence[Sequence[int]] | None = None,
                check: str | None = None) -> str:
     """The command that reruns one check for one draft (and the prompts it failed on)."""
+    engine_name = _RUN_ENGINE.get("value", engine_name)
     engine = f" --engine {engine_name}" if engine_name else ""
     line = (f"reproduce: eagle3-conformance run{engine} --draft {draft} "
             f"-k {check or current_check()}")
