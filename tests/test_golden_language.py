@@ -9,7 +9,6 @@ import dataclasses
 import torch
 from safetensors.torch import load_file
 
-from benchmarks.language_variants import text_stats, word_parse
 from harness.golden.builder import GOLDEN_LANGUAGE, _pinned_prompts, golden_language
 from harness.golden.bundle import load_bundle
 from harness.golden.corpus import (
@@ -19,6 +18,7 @@ from harness.golden.corpus import (
     manifest_language,
     sample_batch,
 )
+from harness.golden.language_stats import text_stats, word_parse
 from harness.paths import default_bundle_path
 
 
