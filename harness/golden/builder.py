@@ -59,7 +59,7 @@ REGEN_PROMPT_LEN = 16
 
 # The bundle's language (issue #10): 48 words, the next word keyed on the two words before the
 # current one (`corpus.make_language`'s lookahead). Measured on the H200 (41 runs,
-# docs/figures/h200_lookahead_seeds.jsonl, docs/bundle_levers.md): it is the only language
+# docs/figures/h200_lookahead_seeds.jsonl, docs/research/bundle_levers.md): it is the only language
 # tried whose drafts show a decaying TTT profile (acc_0 - acc_6 up to 0.13) together with the
 # one-boundary-early cost issue #10 asks for; on the 96-word first-order language the drafts
 # were flat at 0.79-0.84 on every seed tried.
@@ -88,7 +88,7 @@ class TargetRecipe:
 
 # The target recipe: the LM alone for 25 steps, then the decorrelation penalty at
 # `BuildSize.target_decorrelation` (0.15). With the penalty from the first step the LM loss
-# stalled on two of three machines (docs/bundle_levers.md); 25 LM steps first learned on all of
+# stalled on two of three machines (docs/research/bundle_levers.md); 25 LM steps first learned on all of
 # them. The weight: at 1.0 the boundaries decorrelate but the drafts come out flat; at 0.1,
 # 0.15, 0.2 and 0.3 on the lookahead language the drafts decay on some seeds, and 0.15 gave
 # the most seeds meeting both bars (4 of 15 on three drafts). Whether a seed meets them is a
@@ -102,7 +102,7 @@ class BuildSize:
     of the same code on a sliver of the data, so determinism can be tested in seconds."""
 
     # 600 steps, the penalty at 0.15 from step 25 (`TARGET_RECIPES`). Not 1000: at 1000 steps
-    # and 0.1 the drafts decayed but lost no more to a one-boundary shift (docs/bundle_levers.md)
+    # and 0.1 the drafts decayed but lost no more to a one-boundary shift (docs/research/bundle_levers.md)
     target_steps: int = 600
     target_decorrelation: float = 0.15
     draft_epochs: int = 6
@@ -304,7 +304,7 @@ def build_bundle(out: str | Path, seed: int = 0, size: BuildSize = BUILD_SIZES["
     `tries`: seeds `seed`, `seed + 1`, ... to try in turn until one makes a usable bundle
     (`UnusableBuild`: a target that did not learn, drafts that miss the shift, decay or canary
     bar); whether a seed does is a draw on each machine, about one in four for the committed
-    recipe (docs/bundle_levers.md). The bundle of the seed that passed is the same as a build
+    recipe (docs/research/bundle_levers.md). The bundle of the seed that passed is the same as a build
     of that seed alone, so `--seed` of the manifest rebuilds it.
     `target_from`: a folder holding a target this builder trained earlier with the same seed
     (its `training.json` carries the training figures), to rebuild drafts and tensors

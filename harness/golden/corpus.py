@@ -18,7 +18,7 @@ With `lookahead` (the committed bundle's, 48 words: `builder.GOLDEN_LANGUAGE`) t
 depends on the previous word and the one before it instead, so it is fixed before the current
 word begins: a target that segments and looks back has it in its deep features at every token
 of the current word, a draft that reads those features can predict across the word boundary,
-and one fed other layers cannot (docs/bundle_levers.md has the measurements).
+and one fed other layers cannot (docs/research/bundle_levers.md has the measurements).
 
 The first language's successor depended on the current word and the parity of the previous one
 (192 contexts): a draft learned the table from the embeddings and predicted ~0.97 of the
@@ -51,7 +51,7 @@ class Language:
     # False (the bundle before issue #10's rebuild): the word after the current one depends on
     # (current, previous). True (the bundle's, `builder.GOLDEN_LANGUAGE`): on (previous, the one
     # before), so the target can plan it before the current word begins, and a draft that
-    # reads the target's deep features gets it from them (docs/bundle_levers.md measures it)
+    # reads the target's deep features gets it from them (docs/research/bundle_levers.md measures it)
     lookahead: bool = False
     word_lengths: tuple[int, int] = (2, 5)  # shortest, longest word in tokens, as asked for
 
@@ -60,7 +60,7 @@ def make_language(seed: int, vocab_size: int = 512, num_words: int = 96,
                   branches: int = 3, word_lengths: tuple[int, int] = (2, 5),
                   lookahead: bool = False) -> Language:
     """The language of seed `seed`; `num_words` and `word_lengths` (shortest, longest in
-    tokens) are the bundle's by default, other values are for benchmarks/language_variants.py."""
+    tokens) are the bundle's by default, other values are for research/language_variants.py."""
     g = torch.Generator().manual_seed(seed)
     usable = vocab_size - FIRST_WORD_TOKEN
     # Zipf-like token popularity: low ids (after specials) are common.

@@ -47,7 +47,7 @@ def decorrelation_penalty(states: Sequence[torch.Tensor]) -> torch.Tensor:
     Why the golden target trains with it: in a small pre-norm residual stream h_{k+1} = h_k +
     update_k with a small update, so adjacent boundaries are near-parallel (centred cosine
     ~0.98 on a target trained without it) and a draft served one boundary off loses almost
-    nothing: acceptance could not tell a wrong wiring (docs/bundle_levers.md measures it).
+    nothing: acceptance could not tell a wrong wiring (docs/research/bundle_levers.md measures it).
     Centred, because a component constant over tokens is only a bias to fc."""
     total = torch.zeros(())
     for a, b in zip(states[:-1], states[1:], strict=True):

@@ -8,7 +8,7 @@ first token, its second, later ones, the RECALL marker, a recall span). Also how
 tokens merely continue an earlier occurrence of their 3-token context (copyable from the
 context by induction), which would make later steps as easy as the first.
 
-    python benchmarks/ttt_profile.py --draft specforge-default --out /tmp/ttt_profile.json
+    python research/ttt_profile.py --draft specforge-default --out /tmp/ttt_profile.json
 """
 
 from __future__ import annotations

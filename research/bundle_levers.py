@@ -10,7 +10,7 @@ Everything is at REDUCED size (fewer target steps, fewer draft sequences and epo
 lever fits in ~15 minutes on one thread; every lever is compared against a baseline trained
 the same reduced way on the same language (seed 0).
 
-    OMP_NUM_THREADS=1 PYTHONPATH=. python benchmarks/bundle_levers.py \
+    OMP_NUM_THREADS=1 PYTHONPATH=. python research/bundle_levers.py \
         --levers baseline oscale4 oscale16 --out /tmp/levers.json
 """
 
@@ -189,7 +189,7 @@ def run_lever(lever: Lever, size: Size, drafts: list[str], seed: int = 0,
 
 
 def table_markdown(results: list[dict[str, Any]]) -> str:
-    """One row per (lever, draft): the figures docs/bundle_levers.md reports."""
+    """One row per (lever, draft): the figures docs/research/bundle_levers.md reports."""
     lines = ["| lever | target acc | adjacent rel dist (median, pairs 1-2..7-8) | cos (centred) | draft | "
              "acc_k (TTT 0..6) | tau served (k=4) | -1 | +1 |", "|---|---|---|---|---|---|---|---|---|"]
     for r in results:

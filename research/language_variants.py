@@ -14,7 +14,7 @@ one boundary early and late comes from the reference runtime, as in bundle_lever
 The figures run anywhere: `--device cuda` trains on a GPU (fast, not bit-reproducible) and
 serves on the CPU; the builder's own numbers always come from the CPU.
 
-    PYTHONPATH=. python benchmarks/language_variants.py --variants committed w32 \
+    PYTHONPATH=. python research/language_variants.py --variants committed w32 \
         --drafts specforge-default --device cuda --out /tmp/variants.jsonl
 """
 
@@ -30,8 +30,6 @@ from typing import Any
 
 import torch
 
-from benchmarks.bundle_levers import boundary_stats
-from benchmarks.ttt_profile import step_hits
 from harness.golden.builder import (
     BUILD_SIZES,
     NUM_DRAFT_TOKENS,
@@ -55,6 +53,8 @@ from harness.golden.wirings import SERVED, mean_acceptance_length, per_prompt_ac
 from harness.models.draft import Eagle3Draft
 from harness.models.target import build_target, load_target, target_config_dict
 from harness.paths import default_bundle_path
+from research.bundle_levers import boundary_stats
+from research.ttt_profile import step_hits
 
 
 @dataclass(frozen=True)
@@ -234,7 +234,7 @@ def _schedule(v: dict[str, Any]) -> str:
 
 
 def table_markdown(results: Sequence[dict[str, Any]]) -> str:
-    """One row per (variant, draft): the figures docs/bundle_levers.md reports."""
+    """One row per (variant, draft): the figures docs/research/bundle_levers.md reports."""
     lines = ["| variant | seed | words, lengths, lookahead | steps, penalty (start) | target acc (bigram) | "
              "follows table | loops | draft | acc_k (TTT 0..6) | served | -1 | +1 |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]

@@ -7,11 +7,11 @@ continuations that loop (`greedy_loop_fraction`).
 
 Why: the committed recipe (penalty at weight 1 from the first step, 600 steps) trains on the
 machine that built the bundle but stalls from scratch on an AMD EPYC (loss 4.763, accuracy
-0.042), and the variants tried there first either stall or loop (docs/bundle_levers.md).
+0.042), and the variants tried there first either stall or loop (docs/research/bundle_levers.md).
 Each variant runs in its own single-threaded process (the builder's thread count), so a
 many-core host measures many variants at once:
 
-    PYTHONPATH=. python benchmarks/target_recipes.py --variants committed ramp100 start25 \
+    PYTHONPATH=. python research/target_recipes.py --variants committed ramp100 start25 \
         --seeds 0 1 --workers 2 --out /tmp/recipes.json
 """
 
