@@ -15,7 +15,7 @@ A convention the user gives never enters here: it says what the config's ids wou
 the config is exactly what may have been written wrong (the motivating case), so it is printed
 as an assumption beside the outcome, never as evidence for it.
 
-Exit codes (the doctor's --help and the README say the same): 0 wired as trained, 1 miswired
+Exit codes (the doctor's --help and docs/DOCTOR.md say the same): 0 wired as trained, 1 miswired
 or the engine failed on the draft (crash or hang), 2 bad input or an engine not installed,
 3 a bug of the suite, 4 cannot tell.
 """

@@ -65,7 +65,7 @@ CANARY_REASON = (
     "drafts.<name>.wirings and .canary). Half-way (CANARY_FRACTION = 0.5) leaves a correct "
     "engine and the least harmful wrong wiring the same room: precision noise that costs a "
     "correct engine less than half the gap cannot fail it, and a wrong wiring would have to "
-    "gain half the gap back to pass (README: the wiring table and each draft's canary)")
+    "gain half the gap back to pass (docs/BUNDLE.md: the wiring table and each draft's canary)")
 
 # A slot drifts when most of its judged tokens, and at least this many, lie beyond their own
 # allowance (reason below).

@@ -139,7 +139,7 @@ def choose_canary(traces: dict[str, list[list[int]]], count: int, fraction: floa
 
 
 def wiring_table_markdown(manifest: dict) -> str:
-    """The manifest's wiring table as the README shows it (`eagle3-conformance golden table`)."""
+    """The manifest's wiring table as docs/BUNDLE.md shows it (`eagle3-conformance golden table`)."""
     lines = ["| draft (boundaries) | acc_k (TTT steps 0..6) | predicted | served | wiring: boundaries -> "
              "acceptance length (loss) | canary line (served / best wrong) |",
              "|---|---|---|---|---|---|"]
