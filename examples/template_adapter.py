@@ -14,7 +14,6 @@ Run it: eagle3-conformance run --engine examples.template_adapter:TemplateEngine
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
@@ -22,20 +21,25 @@ from typing import Any, ClassVar
 import torch
 import transformers
 
-from harness.boundaries import Convention, ids_to_boundaries
-from harness.engines.base import (
+# The adapter's whole view of the package: its public API (docs/ADAPTERS.md).
+from harness.adapter import (
+    IDS,
     Capability,
     Capture,
+    Convention,
     Engine,
     EngineCrash,
     EngineOptions,
     EngineUnavailable,
     Generation,
+    config_layer_ids,
+    ids_to_boundaries,
 )
-from harness.engines.speculative import Eagle3Runtime
-from harness.models.draft import Eagle3Draft
 
-IDS = "eagle_aux_hidden_state_layer_ids"  # the config key of the ids, in either layout
+# YOUR ENGINE: these two imports stand for it (the harness's own EAGLE-3 runtime, driven as a
+# black box). Replace them with your engine's package.
+from harness.engines.speculative import Eagle3Runtime  # noqa: I001
+from harness.models.draft import Eagle3Draft
 
 # The engine's own layer-id rule, declared by the adapter without editing the package: id k is
 # the output of layer k (boundary k+1) and -1 the embedding. Diagnoses word their fixing id
@@ -65,10 +69,9 @@ class TemplateEngine(Engine):
         target = target.to(options.device).eval()
         draft = Eagle3Draft.load(self.draft_dir, dtype, options.device)
         # 2. Read the ids where the engine reads them, in the engine's own rule.
-        config = json.loads((self.draft_dir / "config.json").read_text())
         #    SpecForge nests the ids under eagle_config, speculators writes them at the top
         #    level: a draft comes in either layout.
-        ids = config.get("eagle_config", {}).get(IDS, config.get(IDS))
+        ids = config_layer_ids(self.draft_dir)
         if ids is None:
             raise EngineCrash(f"template engine found no {IDS} in the draft config")
         try:

@@ -118,3 +118,34 @@ def test_the_reproducer_repeats_the_dotted_path_and_the_convention_prints_by_nam
     line = base.reproducer(TemplateEngine.name, "single-aux", check="c")
     assert "--engine examples.template_adapter:TemplateEngine --draft single-aux -k c" in line, line
     assert f"{TEMPLATE_CONVENTION}" == "template-engine"
+
+
+# what the template may import of the package: the public API, and the two modules that stand
+# in for the vendor's engine (marked "YOUR ENGINE" in the template)
+STAND_IN_ENGINE = {"harness.engines.speculative", "harness.models.draft"}
+
+
+def test_the_template_uses_only_the_public_adapter_api() -> None:
+    """A vendor's adapter built from the template must not depend on the package's inside
+    (which the house issue rearranges): of the package it imports harness.adapter only,
+    besides the stand-in engine it tells the vendor to replace."""
+    import ast
+
+    used = {node.module for node in ast.walk(ast.parse(TEMPLATE.read_text()))
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("harness")}
+    assert used - STAND_IN_ENGINE == {"harness.adapter"}, sorted(used)
+
+
+@pytest.mark.parametrize(("config", "ids"), [
+    ({"eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 3, 4]}}, [1, 3, 4]),
+    ({"eagle_aux_hidden_state_layer_ids": [2, 4]}, [2, 4]),
+    ({"eagle_config": {"eagle_aux_hidden_state_layer_ids": [-1]},
+      "eagle_aux_hidden_state_layer_ids": [5]}, [-1]),
+    ({"eagle_config": {}}, None),
+    ({}, None),
+], ids=["specforge-nested", "speculators-top-level", "both-nested-first", "empty-eagle-config", "none"])
+def test_config_layer_ids_reads_both_layouts(tmp_path: Path, config: dict, ids: list[int] | None) -> None:
+    from harness.adapter import config_layer_ids
+
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    assert config_layer_ids(tmp_path) == ids
