@@ -183,39 +183,43 @@ def _close(engine: Any, budget: Any) -> None:
 
 
 def start_engine(engine_cls: type, target: Path, draft: Path, options: Any,
-                 budget: Any) -> tuple[Any, Served]:
-    """The engine under the start-up deadline. An engine that is not installed is bad input
-    (DoctorError, exit 2: the doctor cannot say anything about it), never an engine failure;
-    one that crashes or hangs on this draft is a finding."""
+                 budget: Any) -> tuple[Any, Served, Any]:
+    """The engine under the start-up deadline, and the budget for its calls (its first call's
+    allowance derived from the start-up measured, as in `run`). An engine that is not
+    installed is bad input (DoctorError, exit 2: the doctor cannot say anything about it),
+    never an engine failure; one that crashes or hangs on this draft is a finding."""
     from harness.engines.base import EngineUnavailable
-    from harness.timeouts import EngineHang
-    from harness.timeouts import start_engine as bounded
+    from harness.timeouts import EngineHang, start_measured
 
     try:
-        return bounded(lambda: engine_cls(target, draft, options), budget), Served()
+        engine, measured = start_measured(lambda: engine_cls(target, draft, options), budget,
+                                          engine_cls)
+        return engine, Served(), measured
     except EngineUnavailable as e:
         first = (str(e).splitlines() or [type(e).__name__])[0]
         raise DoctorError(f"engine {getattr(engine_cls, 'name', engine_cls.__name__)} is unavailable "
                           f"here: {first}; install it, or use --engine reference") from None
     except EngineHang as e:
-        return None, Served(hang=e)
+        return None, Served(hang=e), budget
     except Exception as e:  # noqa: BLE001 - whatever the engine raises on this draft is its failure
-        return None, Served(crash=_failure(e))
+        return None, Served(crash=_failure(e)), budget
 
 
 def serve(engine_cls: type, target: Path, draft: Path, options: Any, budget: Any,
           prompts: list[list[int]], engine: Any = None) -> Served:
-    """What the engine feeds the draft on `prompts`, every call bounded; the engine is closed."""
+    """What the engine feeds the draft on `prompts`, every call bounded; the engine is closed.
+    `engine`: one just started (by `start_engine`, with `budget` its budget), whose capture
+    is still its first call: that call carries the start-up allowance either way (vLLM
+    starts the engine with the draft on it)."""
     from harness.timeouts import EngineHang, call_with_deadline, call_work
 
-    first = engine is None
     if engine is None:
-        engine, failed = start_engine(engine_cls, target, draft, options, budget)
+        engine, failed, budget = start_engine(engine_cls, target, draft, options, budget)
         if engine is None:
             return failed
     try:
         work = call_work("capture", (prompts,))
-        capture = call_with_deadline(engine.capture, (prompts,), budget.deadline(work, first),
+        capture = call_with_deadline(engine.capture, (prompts,), budget.deadline(work, True),
                                      "capture", work)
         return Served(features=list(capture.features))
     except EngineHang as e:
@@ -501,11 +505,12 @@ class _Doctor:
         # engine (with its worker processes) is started
         model, prompts, feats, score_from = self._reference()
         self.tell.step(2, f"starting {self.engine_name} ({self.options.dtype}, {self.device})")
-        engine, failed = start_engine(i.engine_cls, i.target, i.draft, self.options, i.budget)
+        engine, failed, budget = start_engine(i.engine_cls, i.target, i.draft, self.options,
+                                              i.budget)
         self._prompts, self._feats = prompts, feats  # the fix is re-served on the same prompts
         self.tell.step(3, f"capturing what {self.engine_name} feeds the draft on {len(prompts)} prompts")
         served = failed if engine is None else serve(i.engine_cls, i.target, i.draft, self.options,
-                                                     i.budget, prompts, engine)
+                                                     budget, prompts, engine)
         if served.features is None:  # the engine's failure is the finding; the weights wait
             return self._failed(served)
         try:

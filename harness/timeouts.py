@@ -21,12 +21,15 @@ has its construction timed, and its first call gets STARTUP_FACTOR times that (a
 STARTUP_FLOOR_S, at most the fixed 600 s) instead of the fixed allowance: whatever a first
 call still initialises (allocator, lazy kernels) costs less than loading both models did, so
 ten times the load is a wide margin, and the floor covers a construction that was quick
-because it was cached. What a hung first call costs at scale 1, on the tiny bundle's largest
-first call (186 tokens of work: +93 s): 60 + 600 + 93 = 753 s for an engine that starts
-lazily or does not say (vLLM, SGLang, a user adapter; they start worker processes or load on
-the first call, and a correct engine must not be called hung for starting up), but
-60 + 30 + 93 = 183 s for the reference engine and every zoo mutant, whose constructions take
-about a second. tests/test_timeouts_startup.py pins both figures.
+because it was cached. An engine that starts lazily says what it measured instead
+(`Engine.startup_measured_s`): vLLM's and SGLang's adapters start the target alone in their
+constructor and the engine with the draft on the first call, the same start with a draft on
+top, so ten times the measured target start bounds it. What a hung first call costs at scale
+1, on the tiny bundle's largest first call (186 tokens of work: +93 s): 60 + 30 + 93 = 183 s
+for the reference engine and every zoo mutant, whose constructions take about a second;
+60 + 10 x (the measured target start, at most 600) + 93 for vLLM and SGLang; 753 s only for an
+adapter that neither starts in its constructor nor measures anything (a correct engine must
+not be called hung for starting up). tests/test_timeouts_startup.py pins these figures.
 
 What a timeout can and cannot do: Python cannot kill a thread. An engine that runs in
 worker processes (vLLM) is stopped by closing it (the adapter kills its workers; its worker
@@ -238,6 +241,10 @@ def start_measured(factory: Callable[[], T], budget: CallBudget,
     time where the class starts up in its constructor (see the module docstring)."""
     started = time.monotonic()
     instance = start_engine(factory, budget)
-    if not getattr(engine_class, "starts_in_constructor", False):
+    if getattr(engine_class, "starts_in_constructor", False):
+        return instance, replace(budget, measured_startup_s=time.monotonic() - started)
+    own = getattr(instance, "startup_measured_s", None)
+    measured = own() if callable(own) else None
+    if measured is None:  # a lazy engine that measured nothing: the fixed allowance
         return instance, budget
-    return instance, replace(budget, measured_startup_s=time.monotonic() - started)
+    return instance, replace(budget, measured_startup_s=float(measured))

@@ -69,7 +69,7 @@ from harness.timeouts import (
     call_with_deadline,
     call_work,
     hang_diagnosis,
-    start_engine,
+    start_measured,
 )
 
 # Lists that tell the candidate rules apart: [1, 5, 3] is unsorted (slot order) and starts
@@ -121,6 +121,8 @@ class ServedDrafts:
         # the run's engine deadlines (--engine-timeout-scale), as every other check has them:
         # a config whose capture never returns is a hang, recorded like a crash
         self.deadlines = deadlines or CallBudget(scale=0)
+        # the live engine's: its first call's allowance derived from its start-up measured
+        self._budget = self.deadlines
 
     def limit(self, seconds: float | None) -> None:
         """Start-up seconds the next calls may spend on new configs (None: no limit)."""
@@ -143,9 +145,10 @@ class ServedDrafts:
         ids, layout, told = key
         started = time.monotonic()
         try:
-            engine = start_engine(lambda: self.engine_class(
+            engine, self._budget = start_measured(lambda: self.engine_class(
                 self.oracle.bundle.target_dir, self.factory.folder(ids, layout),
-                replace(self.options, training_convention=told)), self.deadlines)
+                replace(self.options, training_convention=told)), self.deadlines,
+                self.engine_class)
             self._first = True
         except EngineUnavailable as e:
             pytest.skip(f"engine {self.engine_class.name} unavailable: {e}")
@@ -183,7 +186,7 @@ class ServedDrafts:
             try:
                 engine = self._engine(key)
                 work = call_work("capture", (batch,))
-                seconds = self.deadlines.deadline(work, self._first)
+                seconds = self._budget.deadline(work, self._first)
                 self._first = False
                 self._captures[memo] = call_with_deadline(engine.capture, (batch,), seconds,
                                                           "capture", work)

@@ -60,8 +60,9 @@ def test_start_measured_times_only_an_engine_that_says_it_starts_in_its_construc
 
 def test_which_engines_start_in_their_constructor() -> None:
     """The reference and every zoo mutant load both models in __init__; a worker-process
-    engine (vLLM, SGLang) starts its workers on the first call and keeps the fixed allowance,
-    as does any adapter that does not say (the base class default)."""
+    engine (vLLM, SGLang) starts its draft's worker on the first call (its allowance comes
+    from the target worker's start it measured, below); an adapter that does not say keeps
+    the fixed allowance (the base class default)."""
     from harness.engines._worker_engine import WorkerEngine
     from harness.engines.base import Engine
     from harness.engines.reference import ReferenceEngine
@@ -113,3 +114,70 @@ def test_a_hung_first_call_ends_at_its_derived_deadline(tmp_path: Path) -> None:
     finally:
         engine.release.set()
         timeouts.join_abandoned(5)
+
+
+class _LazyMeasured:
+    """An engine that starts lazily but measured a start-up of the same kind (vLLM's target
+    worker in its constructor)."""
+
+    def __init__(self, seconds: float | None) -> None:
+        self.seconds = seconds
+
+    def startup_measured_s(self) -> float | None:
+        return self.seconds
+
+
+@pytest.mark.parametrize("measured_s, allowance_s", [
+    (12.0, 120.0),                      # ten times the measured start
+    (1.0, timeouts.STARTUP_FLOOR_S),
+    (90.0, 600.0),                      # never more than the fixed allowance
+    (None, 600.0),                      # nothing measured: the fixed allowance
+])
+def test_a_lazy_engine_that_measured_its_start_gets_a_derived_allowance(
+        measured_s: float | None, allowance_s: float) -> None:
+    _, budget = timeouts.start_measured(lambda: _LazyMeasured(measured_s), timeouts.CallBudget(),
+                                        _LazyMeasured)
+    assert budget.first_call_startup_s() == pytest.approx(allowance_s)
+
+
+def test_a_worker_engine_reports_its_target_workers_measured_start(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The vLLM/SGLang path for real: a WorkerEngine that starts its target-only worker in
+    the constructor (a real process, tests/dying_worker.py standing in for the engine) reports
+    that worker's measured start, and the first call's deadline follows it — not 753 s."""
+    import os
+
+    from harness.engines._worker_engine import WorkerEngine
+    from harness.engines.base import EngineOptions
+
+    here = Path(__file__).resolve().parent
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(here), os.environ.get("PYTHONPATH")])))
+    from dying_worker import Handle
+
+    class _Workers(WorkerEngine):
+        name = "workers"
+        label = "workers"
+        handle_cls = Handle
+
+        def __init__(self, target_dir: Path, draft_dir: Path, options: EngineOptions) -> None:
+            super().__init__(target_dir, draft_dir, options)
+            self._plain()  # as the vLLM and SGLang adapters do
+
+        def _spec_for(self, draft: bool, scratch: Path) -> dict:
+            return {"log_path": str(scratch / "worker.log"), "env": {}}
+
+        def version(self) -> str:
+            return "0"
+
+    engine, budget = timeouts.start_measured(lambda: _Workers(tmp_path, tmp_path, EngineOptions()),
+                                             timeouts.CallBudget(), _Workers)
+    try:
+        measured = engine.startup_measured_s()
+        assert measured is not None and 0 < measured < 60, measured
+        assert budget.measured_startup_s == measured
+        assert budget.seconds(FIRST_CALL_WORK, first=True) < 753.0
+        assert budget.first_call_startup_s() == pytest.approx(
+            min(600.0, max(timeouts.STARTUP_FLOOR_S, timeouts.STARTUP_FACTOR * measured)))
+    finally:
+        engine.close()
+        _Workers.stop_shared()

@@ -97,6 +97,7 @@ class WorkerHandle:
     forced_env: ClassVar[dict[str, str]] = {}
 
     def __init__(self, spec: dict[str, Any]) -> None:
+        started = time.monotonic()
         self.spec = spec
         self.log_path = Path(spec["log_path"])
         self._conn, child = multiprocessing.Pipe()
@@ -116,6 +117,9 @@ class WorkerHandle:
             self.stop()
             raise WorkerError(reply[1])
         self.info: dict[str, Any] = reply[1]
+        # process start to "ready": interpreter, engine import, model load (what a first call
+        # that starts another worker of this engine spends again)
+        self.startup_s = time.monotonic() - started
 
     def call(self, op: str, *args: Any) -> Any:
         try:

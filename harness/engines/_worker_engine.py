@@ -105,11 +105,21 @@ class WorkerEngine(Engine):
         return Generation(tokens=self._call(self._plain(), "generate", [list(p) for p in prompts],
                                             max_new_tokens)["tokens"])
 
+    def startup_measured_s(self) -> float | None:
+        """The target-only worker's start (in the constructor, or earlier in the session for
+        a shared one): the draft's worker, started by the first speculative call, is the same
+        engine starting with a draft on top."""
+        handle = self._shared_plain.get(self._plain_key())
+        return None if handle is None else handle.startup_s
+
     # -- workers --------------------------------------------------------------------------------
 
+    def _plain_key(self) -> tuple[Any, ...]:
+        return (str(self.target_dir.resolve()), self.options.dtype, self.options.device,
+                self.options.seed, self.options.max_model_len)
+
     def _plain(self) -> WorkerHandle:
-        key = (str(self.target_dir.resolve()), self.options.dtype, self.options.device,
-               self.options.seed, self.options.max_model_len)
+        key = self._plain_key()
         handle = self._shared_plain.get(key)
         if handle is None or not handle.alive:
             scratch = Path(tempfile.mkdtemp(prefix=f"eagle3-{self.name}-plain-"))

@@ -158,6 +158,15 @@ class Engine(abc.ABC):
     def version(self) -> str:
         """The engine's own version string (package version, commit)."""
 
+    def startup_measured_s(self) -> float | None:
+        """Seconds of a start-up this engine measured while it was constructed, which its
+        first call may spend again, for an engine that starts lazily: vLLM's and SGLang's
+        adapters start the target alone in the constructor and the engine with the draft on
+        the first call, a start-up of the same kind. The first call's deadline is then
+        derived from it (harness.timeouts) instead of the fixed allowance. None: nothing
+        measured (the fixed allowance stays)."""
+        return None
+
     def capture(self, prompts: Sequence[Sequence[int]]) -> Capture:
         raise NotImplementedError(f"{self.name} cannot capture draft features")
 
