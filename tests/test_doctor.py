@@ -6,7 +6,7 @@ Whatever the user passes (nothing, --convention of every kind, --prompts of 24 o
 the draft's language) the doctor must answer it right or "cannot tell", never "conformant"; the
 same draft configured correctly ([-1, 3, 5]) must come out "wired as trained". Bad input is one
 line, exit 2, before any work, and leaves no report behind. The engine is the real reference
-(transformers); the vLLM transcripts are in the README.
+(transformers); the vLLM transcripts are in docs/DOCTOR.md.
 
 Timing (2 shared CPU cores, load 1-5 from other agents, one torch thread): a doctor run on the
 bundle is 10-45 s wall when one round of sampled text decides it, up to 90 s
