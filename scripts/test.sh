@@ -24,6 +24,6 @@ if ! command -v chromium >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt
 fi
 # Unit tests apart from the suites: an adapter's own tests use the suite fixtures and would
 # otherwise be recorded as checks of the reference engine.
-python -m pytest -q -rs tests
+python -m pytest -q -rs --durations=40 tests
 python -m pytest -q -rs suites --engine reference --report-dir reports/reference
 python -m pytest -q -rs suites --engine vllm --report-dir reports/vllm
