@@ -63,3 +63,43 @@ def test_no_test_module_name_is_shared_by_tests_and_suites() -> None:
               & {p.name for p in (root / "suites").glob("test_*.py")})
     assert not shared, (f"test modules named alike in tests/ and suites/: {sorted(shared)}; "
                         f"rename the one in tests/")
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(HARNESS.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def test_no_import_circle_in_the_package() -> None:
+    """No module of the package reaches itself through imports (lazy ones inside functions
+    included): a circle hides which module is the lower one. engines/sglang.py and
+    engines/_sglang_worker.py were one, until their shared vocabulary moved into
+    engines/_sglang_protocol.py."""
+    modules = {_module_name(p): p for p in HARNESS.rglob("*.py")}
+
+    def targets(path: Path) -> set[str]:
+        # `from harness import distributed` reaches harness.distributed, not only the package
+        out = set(imports(path))
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                out.update(f"{node.module}.{a.name}" for a in node.names)
+        return out
+
+    graph = {name: {m for m in targets(path) if m in modules and m != name}
+             for name, path in modules.items()}
+    state: dict[str, int] = {}  # 1 on the path being walked, 2 done
+    circles: list[list[str]] = []
+
+    def walk(node: str, path: list[str]) -> None:
+        state[node] = 1
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                circles.append(path[path.index(nxt):] + [nxt])
+            elif nxt not in state:
+                walk(nxt, path + [nxt])
+        state[node] = 2
+
+    for name in sorted(graph):
+        if name not in state:
+            walk(name, [name])
+    assert not circles, "import circles: " + "; ".join(" -> ".join(c) for c in circles)

@@ -46,7 +46,7 @@ class _Server:
         SGLang fails, what the recorder saw so far is still written."""
         from safetensors.torch import load_file, save_file
 
-        from harness.engines.sglang import sampling_params
+        from harness.engines._sglang_protocol import sampling_params
 
         if self.capture_dir is None:
             raise RuntimeError("capture needs the speculative engine")
@@ -83,7 +83,7 @@ class _Server:
     def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int) -> dict[str, Any]:
         """Greedy, exactly `max_new_tokens` each; each request's meta_info keys the adapter
         reads."""
-        from harness.engines.sglang import META_KEYS, OUTPUT_IDS, sampling_params
+        from harness.engines._sglang_protocol import META_KEYS, OUTPUT_IDS, sampling_params
 
         outs = self.engine.generate(input_ids=[list(p) for p in prompts],
                                     sampling_params=sampling_params(max_new_tokens))

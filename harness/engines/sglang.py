@@ -30,6 +30,16 @@ import json
 from pathlib import Path
 from typing import Any, ClassVar
 
+from harness.engines._sglang_protocol import (  # noqa: F401 - the adapter's vocabulary too
+    GENERATE_ARGS,
+    META_COMPLETION_TOKENS,
+    META_HISTOGRAMS,
+    META_KEYS,
+    META_VERIFY_CT,
+    OUTPUT_IDS,
+    SAMPLING_KEYS,
+    sampling_params,
+)
 from harness.engines._sglang_worker import WorkerHandle
 from harness.engines._worker_engine import WorkerEngine, acceptance_from_histogram
 from harness.engines.base import (
@@ -55,24 +65,6 @@ UNMODELLED_ARCHITECTURES = {
 DEEPSEEK_FIRST_ID_RULE = (0, 5, 13)
 DEEPSEEK_STAGE_CAPTURE = (0, 5, 21)
 LLAMA_STAGE_CAPTURE = (0, 5, 22)
-# meta_info keys the adapter reads, per request (tokenizer_manager.py writes them).
-META_COMPLETION_TOKENS = "completion_tokens"
-META_VERIFY_CT = "spec_verify_ct"
-META_HISTOGRAMS = ("spec_correct_drafts_histogram", "spec_accept_histogram")
-META_KEYS = (META_COMPLETION_TOKENS, META_VERIFY_CT, *META_HISTOGRAMS)
-
-
-# The request the worker sends: `Engine.generate(input_ids=..., sampling_params=...)`, greedy.
-GENERATE_ARGS = ("input_ids", "sampling_params")
-SAMPLING_KEYS = ("temperature", "max_new_tokens", "ignore_eos")
-OUTPUT_IDS = "output_ids"  # the generated ids of an output when the tokenizer is skipped
-
-
-def sampling_params(max_new_tokens: int) -> dict[str, Any]:
-    """Greedy, exactly `max_new_tokens` (ignore_eos: the reference stops on length only)."""
-    return dict(zip(SAMPLING_KEYS, (0.0, max_new_tokens, True), strict=True))
-
-
 def release(version: str) -> tuple[int, ...]:
     """'0.5.12.post1' -> (0, 5, 12): the release a version string belongs to."""
     parts = []
