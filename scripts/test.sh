@@ -15,6 +15,11 @@ ruff check harness suites tests conftest.py benchmarks research examples
 for v in 0.5.23 0.5.12.post1; do
     [ -d ".sglang/$v/sglang" ] || python -m pip install -q --no-deps --target ".sglang/$v" "sglang==$v"
 done
+# SpecForge parity (issue #36, tests/test_specforge_parity.py): the real specforge 0.2.0 without
+# its dependencies (it pins another torch), and the SGLang release it pins as source for its
+# capture rule; ~15 s measured, no cache.
+python -m pip install -q --no-deps specforge==0.2.0
+[ -d .specforge/sglang-0.5.14/sglang ] || python -m pip install -q --no-deps --target .specforge/sglang-0.5.14 sglang==0.5.14
 # tests/test_report_html.py opens report.html in a real headless Chromium (Debian's package);
 # installed only where missing, and only as root with apt-get (elsewhere the test skips and
 # prints why).
