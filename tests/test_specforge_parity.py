@@ -61,8 +61,9 @@ CAPTURED_DRAFTS = ("specforge-default", "final-aux")  # the ones SpecForge's id 
 # What SpecForge 0.2.0 does differently from the harness on the bundle's drafts, each checked
 # by a test below (docs/DESIGN.md "SpecForge parity" gives the reasons).
 KNOWN_DIFFERENCES: dict[str, str] = {
-    "embed-first": "SpecForge refuses its ids [-1, 3, 5] (negative id): it is in the "
-                   "embedding-minus-one convention, which SpecForge cannot express",
+    "embed-first": "SpecForge refuses its ids [-1, 3, 5] (negative id): they are in the "
+                   "embedding-minus-one convention; on a DeepSeek target SpecForge would spell "
+                   "its boundaries [0, 4, 6] as ids [0, 4, 6]",
     "single-aux": "SpecForge refuses a single id (exactly three required) and its draft class "
                   "has a 3H-wide fc: a one-slot draft is not a SpecForge 0.2.0 draft",
     "final-aux": "SpecForge 0.2.0 on a DeepSeek target captures through SGLang 0.5.14, whose "
@@ -155,6 +156,37 @@ def test_specforge_refuses_the_ids_it_cannot_train(bundle: Bundle, target: torch
         sf.specforge_ids(draft_config(bundle, draft), target.config)
     assert str(ids) in str(refused.value), (
         f"SpecForge refused draft {draft} for ids other than its config's {ids}: {refused.value}")
+
+
+@pytest.mark.parametrize("view", [PERTURBATIONS["as-is"], PERTURBATIONS["boundary-shifted"]],
+                         ids=lambda v: v.name)
+def test_embed_first_in_specforge_on_deepseek_ids(bundle: Bundle, target: torch.nn.Module,
+                                                  view: HarnessView) -> None:
+    """The embed-first draft's training boundaries [0, 4, 6], spelled for SpecForge on a
+    DeepSeek target: through SGLang 0.5.14's rule a list whose first id is not 1 is taken
+    as is (b = id), and layer 0's `prepare_attn` makes the residual the embedding, so ids
+    [0, 4, 6] should capture exactly the features the draft was trained on. Executed, and
+    compared with the golden aux at the boundaries the (perturbed) harness assigns."""
+    ids = list(bundle.draft("embed-first").boundaries)
+    assert sf.specforge_ids({"eagle_config": {"eagle_aux_hidden_state_layer_ids": ids}},
+                            target.config) == ids, f"SpecForge's id resolution changed ids {ids}"
+    layers = sf.specforge_layers_to_capture(ids, bundle.num_layers)
+    harness_b = view.boundaries(bundle, "embed-first")
+    problems = []
+    for i, prompt in enumerate(bundle.prompts()):
+        taken, aux, _ = sf.captured_states(target, prompt, layers)
+        golden = bundle.tensors["boundaries"][i, :, : len(prompt)]
+        h = golden.shape[-1]
+        if len(taken) != len(harness_b):
+            problems.append(f"prompt {i}: SpecForge captured {taken} for ids {ids}, "
+                            f"the harness assigns {harness_b}")
+            continue
+        for slot, b in enumerate(harness_b):
+            err = relative_errors(aux[:, slot * h:(slot + 1) * h], golden[b]).max().item()
+            if err > RTOL:
+                problems.append(f"prompt {i}, slot {slot}: SpecForge ids {ids} (layers {layers}) "
+                                f"vs golden boundary {b}: relative error {err:.3g} > {RTOL:g}")
+    judged(view, problems[:6], "embed-first through SpecForge-on-DeepSeek ids")
 
 
 @pytest.mark.parametrize("view", [PERTURBATIONS["as-is"], PERTURBATIONS["boundary-shifted"]],
