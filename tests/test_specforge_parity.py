@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import json
 import tempfile
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,8 +32,8 @@ from typing import Any
 import pytest
 import specforge_run as sf
 import torch
+from perturbations import PERTURBATIONS, HarnessView, judged
 
-from harness.boundaries import get_convention, ids_to_boundaries
 from harness.golden.builder import REGEN_PROMPT_LEN, BuildSize
 from harness.golden.bundle import Bundle, load_bundle
 from harness.golden.corpus import manifest_language, sample_batch
@@ -70,50 +69,6 @@ KNOWN_DIFFERENCES: dict[str, str] = {
                  "layer loop never reaches layer N: boundary N (the harness's third slot) is "
                  "never captured, so SpecForge gets 2 of 3 slots",
 }
-
-
-# --- the harness, as is and perturbed ------------------------------------------------------
-
-@dataclass(frozen=True)
-class HarnessView:
-    """What the harness says about a draft: the boundaries its ids mean, and the reference
-    draft's fc projection. A perturbation replaces one of them by a known wiring bug."""
-
-    name: str
-    shift: int = 0  # every boundary moved by this many (the sign flips where it would leave 0..N)
-    fc_skipped: bool = False  # the first slot fed unprojected (a width-comparing engine's bug)
-
-    def boundaries(self, bundle: Bundle, draft: str) -> tuple[int, ...]:
-        spec = bundle.draft(draft)
-        got = ids_to_boundaries(spec.layer_ids, get_convention(spec.convention), bundle.num_layers)
-        if not self.shift:
-            return tuple(got)
-        n = bundle.num_layers
-        step = self.shift if all(0 <= b + self.shift <= n for b in got) else -self.shift
-        return tuple(b + step for b in got)
-
-    def project(self, project: Callable[[torch.Tensor], torch.Tensor], hidden_size: int,
-                aux: torch.Tensor) -> torch.Tensor:
-        """The reference draft's fc (`project`) on aux, or the perturbation's stand-in."""
-        if self.fc_skipped:
-            return aux[..., :hidden_size]
-        return project(aux)
-
-
-PERTURBATIONS = {
-    "as-is": HarnessView("as-is"),
-    "fc-skipped": HarnessView("fc-skipped", fc_skipped=True),
-    "boundary-shifted": HarnessView("boundary-shifted", shift=1),
-}
-
-
-def judged(view: HarnessView, problems: list[str], what: str) -> None:
-    """As-is: no problem may be found. Perturbed: some must be, or this check cannot tell."""
-    if view.name == "as-is":
-        assert not problems, f"{what}: SpecForge and the harness differ:\n" + "\n".join(problems)
-    else:
-        assert problems, (f"{what}: the harness perturbed by '{view.name}' still matched "
-                          f"SpecForge, so this check cannot tell that bug")
 
 
 # --- shared, computed once ---------------------------------------------------------------

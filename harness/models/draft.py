@@ -108,6 +108,20 @@ class DraftConfig:
         )
 
 
+# speculators' checkpoints (its Eagle3Converter, vLLM's speculators format) name the one decoder
+# layer `layers.0.*`; SpecForge's, and this module's, `midlayer.*`. Same tensors otherwise.
+SPECULATORS_LAYER, SPECFORGE_LAYER = "layers.0.", "midlayer."
+
+
+def speculators_keys(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A draft state dict in SpecForge's key layout, whichever layout it was saved in: a
+    speculators-format draft loads natively (issue #36), and a key of any other layer
+    (`layers.1.*`: a draft of several layers, which this reference does not model) is left as
+    is, so loading reports it as unexpected instead of dropping it."""
+    return {(SPECFORGE_LAYER + k[len(SPECULATORS_LAYER):] if k.startswith(SPECULATORS_LAYER) else k): v
+            for k, v in state.items()}
+
+
 class RMSNorm(nn.Module):
     def __init__(self, width: int, eps: float) -> None:
         super().__init__()
@@ -302,7 +316,7 @@ class Eagle3Draft(nn.Module):
         folder = Path(folder)
         cfg = DraftConfig.from_json(json.loads((folder / "config.json").read_text()))
         model = cls(cfg)
-        state = load_file(str(folder / "model.safetensors"))
+        state = speculators_keys(load_file(str(folder / "model.safetensors")))
         missing, unexpected = model.load_state_dict(state, strict=False)
         missing = [m for m in missing if m != "embed_tokens.weight"]
         if missing or unexpected:
