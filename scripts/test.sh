@@ -20,6 +20,12 @@ done
 # capture rule; ~15 s measured, no cache.
 python -m pip install -q --no-deps specforge==0.2.0
 [ -d .specforge/sglang-0.5.14/sglang ] || python -m pip install -q --no-deps --target .specforge/sglang-0.5.14 sglang==0.5.14
+# speculators natively (tests/test_speculators_native.py): speculators 0.9.0 without its
+# dependencies, and what it imports that this project does not need (datasets, pyarrow, pandas,
+# hs-connectors) in an ignored folder; ~20 s, 264 MB, measured without a cache.
+python -m pip install -q --no-deps speculators==0.9.0
+[ -d .specforge/speculators-deps/datasets ] || python -m pip install -q --no-deps --target .specforge/speculators-deps \
+    datasets==5.1.0 pyarrow pandas multiprocess xxhash hs-connectors==0.9.0
 # tests/test_report_html.py opens report.html in a real headless Chromium (Debian's package);
 # installed only where missing, and only as root with apt-get (elsewhere the test skips and
 # prints why).
