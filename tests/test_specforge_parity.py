@@ -23,10 +23,12 @@ docs/DESIGN.md ("SpecForge parity") records why and by how much.
 
 from __future__ import annotations
 
+import itertools
 import json
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -34,6 +36,7 @@ import specforge_run as sf
 import torch
 from perturbations import PERTURBATIONS, HarnessView, judged
 
+from harness.boundaries import LayerIdError
 from harness.golden.builder import REGEN_PROMPT_LEN, BuildSize
 from harness.golden.bundle import Bundle, load_bundle
 from harness.golden.corpus import manifest_language, sample_batch
@@ -111,6 +114,61 @@ def test_specforge_refuses_the_ids_it_cannot_train(bundle: Bundle, target: torch
         sf.specforge_ids(draft_config(bundle, draft), target.config)
     assert str(ids) in str(refused.value), (
         f"SpecForge refused draft {draft} for ids other than its config's {ids}: {refused.value}")
+
+
+# Every three-id list over 0..N of the bundle's target: SpecForge's rule is "exactly three
+# non-negative ids", and ids past N-1 or repeated are where the engines part ways.
+ALL_ID_LISTS = [list(c) for c in itertools.product(range(9), repeat=3)]
+
+
+def specforge_on_deepseek(ids: list[int], num_layers: int) -> tuple[int, ...] | None:
+    """The boundaries SpecForge 0.2.0's capture fills for these ids on a DeepSeek target, in
+    slot order (SGLang's loop order, ascending, each layer once), or None where it does not
+    fill three slots (a duplicate, or a layer the loop never reaches)."""
+    target = SimpleNamespace(num_hidden_layers=num_layers)
+    layers = sf.specforge_layers_to_capture(sf.specforge_ids(
+        {"eagle_config": {"eagle_aux_hidden_state_layer_ids": ids}}, target), num_layers)
+    taken = tuple(i for i in range(num_layers) if i in layers)
+    return taken if len(taken) == len(ids) else None
+
+
+@pytest.mark.parametrize("view", [PERTURBATIONS["as-is"], PERTURBATIONS["boundary-shifted"]],
+                         ids=lambda v: v.name)
+def test_specforge_on_deepseek_is_the_sglang_deepseek_rule(bundle: Bundle, view: HarnessView) -> None:
+    """SpecForge's executed id rule on a DeepSeek target, over all 729 three-id lists, against
+    the harness's conventions: `sglang-deepseek` must give the same boundaries wherever it gives
+    any, and refuse only lists SpecForge cannot capture or whose capture includes boundary 0
+    (SGLang 0.5.14 captures it: at layer 0 `prepare_attn` makes the residual the embedding;
+    the convention models 0.5.13, which crashed there). The harness's `specforge` convention
+    (b = id + 1, SpecForge on llama-like targets) agrees on exactly the lists that start with
+    1, ascend strictly and end below N - 1 (DESIGN.md "SpecForge parity")."""
+    n = bundle.num_layers
+    problems: list[str] = []
+    agree_specforge = set()
+    for ids in ALL_ID_LISTS:
+        engine = specforge_on_deepseek(ids, n)
+        try:
+            harness: tuple[int, ...] | None = view.read(ids, "sglang-deepseek", n)
+        except LayerIdError:
+            harness = None
+        if harness is not None and harness != engine:
+            problems.append(f"ids {ids}: SpecForge-on-DeepSeek captures {engine}, the harness's "
+                            f"sglang-deepseek says {harness}")
+        if harness is None and engine is not None and 0 not in engine:
+            problems.append(f"ids {ids}: SpecForge-on-DeepSeek captures {engine}, the harness's "
+                            f"sglang-deepseek refuses them")
+        try:
+            if view.read(ids, "specforge", n) == engine:
+                agree_specforge.add(tuple(ids))
+        except LayerIdError:
+            pass
+    expected = {tuple(i) for i in ALL_ID_LISTS if i[0] == 1 and i[0] < i[1] < i[2] < n - 1}
+    if view.name == "as-is" and agree_specforge != expected:
+        problems.append(f"the 'specforge' convention agrees with SpecForge-on-DeepSeek on "
+                        f"{len(agree_specforge)} lists, expected the {len(expected)} that start with "
+                        f"1, ascend and end below N-1; differing: "
+                        f"{sorted(agree_specforge ^ expected)[:8]}")
+    judged(view, problems[:8], f"SpecForge's id rule on DeepSeek over {len(ALL_ID_LISTS)} id lists")
 
 
 @pytest.mark.parametrize("view", [PERTURBATIONS["as-is"], PERTURBATIONS["boundary-shifted"]],
