@@ -163,8 +163,19 @@ def target_head(target_dir: Path, scratch: Path) -> torch.nn.Module:
     difference that makes is measured apart, docs/DESIGN.md "SpecForge parity".) Its loader
     needs a `*.index.json`, which a one-file checkpoint lacks, so `scratch` gets links to the
     target's files and an index naming the one file."""
-    from safetensors import safe_open
     from specforge.modeling.target.target_head import TargetHead
+
+    link_target(target_dir, scratch)
+    head = TargetHead(str(scratch))
+    head.load_weights(str(scratch))
+    head.freeze_weights()
+    return head.eval()
+
+
+def link_target(target_dir: Path, scratch: Path) -> Path:
+    """`scratch` holding links to the target's config and weights and a `*.index.json` naming
+    the one weight file: SpecForge's TargetHead loader reads only sharded checkpoints."""
+    from safetensors import safe_open
 
     scratch.mkdir(parents=True, exist_ok=True)
     for name in ("config.json", "model.safetensors"):
@@ -174,10 +185,7 @@ def target_head(target_dir: Path, scratch: Path) -> torch.nn.Module:
     with safe_open(str(target_dir / "model.safetensors"), framework="pt") as f:
         weight_map = {k: "model.safetensors" for k in f.keys()}  # noqa: SIM118 - safe_open has no __iter__
     (scratch / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
-    head = TargetHead(str(scratch))
-    head.load_weights(str(scratch))
-    head.freeze_weights()
-    return head.eval()
+    return scratch
 
 
 @contextlib.contextmanager
