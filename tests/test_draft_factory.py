@@ -59,3 +59,26 @@ def test_lint_reads_factory_drafts(committed, tmp_path: Path) -> None:
     assert [p.field.endswith("eagle_aux_hidden_state_layer_ids") for p in dup] == [True]
     assert "3" in dup[0].message
     assert TOP_LEVEL in FORMATS
+
+
+def test_a_speculators_keyed_checkpoint_loads_natively(committed, tmp_path: Path) -> None:
+    """speculators saves the draft's decoder layer as `layers.0.*` (its converter's output, what
+    vLLM's speculators format holds); the reference draft must load it as SpecForge's
+    `midlayer.*`, tensor for tensor, without the real speculators package (issue #36;
+    tests/test_speculators_native.py runs the real converter)."""
+    import shutil
+
+    from safetensors.torch import save_file
+
+    source = committed.draft_dir(committed.draft_names[0])
+    state = load_file(str(source / "model.safetensors"))
+    renamed = {("layers.0." + k[len("midlayer."):] if k.startswith("midlayer.") else k): v
+               for k, v in state.items()}
+    assert renamed.keys() != state.keys(), "the committed draft has no midlayer.* keys to rename"
+    folder = tmp_path / "speculators-keys"
+    folder.mkdir()
+    shutil.copy(source / "config.json", folder / "config.json")
+    save_file(renamed, str(folder / "model.safetensors"))
+    loaded = Eagle3Draft.load(folder).state_dict()
+    differ = [k for k, v in state.items() if k not in loaded or not loaded[k].equal(v)]
+    assert not differ, f"a layers.0.* checkpoint loads otherwise than its midlayer.* original: {differ}"
