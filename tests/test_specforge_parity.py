@@ -77,41 +77,41 @@ KNOWN_DIFFERENCES: dict[str, str] = {
 # --- shared, computed once ---------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def bundle() -> Bundle:
+def committed() -> Bundle:
     return load_bundle(default_bundle_path())
 
 
 @pytest.fixture(scope="module")
-def target(bundle: Bundle) -> torch.nn.Module:
-    return load_target(bundle.target_dir)
+def target(committed: Bundle) -> torch.nn.Module:
+    return load_target(committed.target_dir)
 
 
 @pytest.fixture(scope="module")
-def head(bundle: Bundle) -> torch.nn.Module:
+def head(committed: Bundle) -> torch.nn.Module:
     with tempfile.TemporaryDirectory() as scratch:
-        return sf.target_head(bundle.target_dir, Path(scratch) / "target")
+        return sf.target_head(committed.target_dir, Path(scratch) / "target")
 
 
-def reference_draft(bundle: Bundle, name: str, embed: torch.Tensor) -> Eagle3Draft:
-    draft = Eagle3Draft.load(bundle.draft_dir(name))
+def reference_draft(committed: Bundle, name: str, embed: torch.Tensor) -> Eagle3Draft:
+    draft = Eagle3Draft.load(committed.draft_dir(name))
     draft.embed_tokens.weight.data.copy_(embed)
     return draft
 
 
-def draft_config(bundle: Bundle, name: str) -> dict[str, Any]:
-    return json.loads((bundle.draft_dir(name) / "config.json").read_text())
+def draft_config(committed: Bundle, name: str) -> dict[str, Any]:
+    return json.loads((committed.draft_dir(name) / "config.json").read_text())
 
 
 # --- (a) capture ---------------------------------------------------------------------------
 
 @pytest.mark.parametrize("draft", ["embed-first", "single-aux"])
-def test_specforge_refuses_the_ids_it_cannot_train(bundle: Bundle, target: torch.nn.Module,
+def test_specforge_refuses_the_ids_it_cannot_train(committed: Bundle, target: torch.nn.Module,
                                                    draft: str) -> None:
     """The bundle's drafts outside SpecForge's id rule: SpecForge's own resolution must refuse
     them (KNOWN_DIFFERENCES), so no SpecForge capture can be compared for them."""
-    ids = draft_config(bundle, draft)["eagle_config"]["eagle_aux_hidden_state_layer_ids"]
+    ids = draft_config(committed, draft)["eagle_config"]["eagle_aux_hidden_state_layer_ids"]
     with pytest.raises(ValueError, match="exactly three non-negative") as refused:
-        sf.specforge_ids(draft_config(bundle, draft), target.config)
+        sf.specforge_ids(draft_config(committed, draft), target.config)
     assert str(ids) in str(refused.value), (
         f"SpecForge refused draft {draft} for ids other than its config's {ids}: {refused.value}")
 
@@ -134,7 +134,7 @@ def specforge_on_deepseek(ids: list[int], num_layers: int) -> tuple[int, ...] | 
 
 @pytest.mark.parametrize("view", [PERTURBATIONS["as-is"], PERTURBATIONS["boundary-shifted"]],
                          ids=lambda v: v.name)
-def test_specforge_on_deepseek_is_the_sglang_deepseek_rule(bundle: Bundle, view: HarnessView) -> None:
+def test_specforge_on_deepseek_is_the_sglang_deepseek_rule(committed: Bundle, view: HarnessView) -> None:
     """SpecForge's executed id rule on a DeepSeek target, over all 729 three-id lists, against
     the harness's conventions: `sglang-deepseek` must give the same boundaries wherever it gives
     any, and refuse only lists SpecForge cannot capture or whose capture includes boundary 0
@@ -142,7 +142,7 @@ def test_specforge_on_deepseek_is_the_sglang_deepseek_rule(bundle: Bundle, view:
     the convention models 0.5.13, which crashed there). The harness's `specforge` convention
     (b = id + 1, SpecForge on llama-like targets) agrees on exactly the lists that start with
     1, ascend strictly and end below N - 1 (DESIGN.md "SpecForge parity")."""
-    n = bundle.num_layers
+    n = committed.num_layers
     problems: list[str] = []
     agree_specforge = set()
     for ids in ALL_ID_LISTS:
@@ -173,22 +173,22 @@ def test_specforge_on_deepseek_is_the_sglang_deepseek_rule(bundle: Bundle, view:
 
 @pytest.mark.parametrize("view", [PERTURBATIONS["as-is"], PERTURBATIONS["boundary-shifted"]],
                          ids=lambda v: v.name)
-def test_embed_first_in_specforge_on_deepseek_ids(bundle: Bundle, target: torch.nn.Module,
+def test_embed_first_in_specforge_on_deepseek_ids(committed: Bundle, target: torch.nn.Module,
                                                   view: HarnessView) -> None:
     """The embed-first draft's training boundaries [0, 4, 6], spelled for SpecForge on a
     DeepSeek target: through SGLang 0.5.14's rule a list whose first id is not 1 is taken
     as is (b = id), and layer 0's `prepare_attn` makes the residual the embedding, so ids
     [0, 4, 6] should capture exactly the features the draft was trained on. Executed, and
     compared with the golden aux at the boundaries the (perturbed) harness assigns."""
-    ids = list(bundle.draft("embed-first").boundaries)
+    ids = list(committed.draft("embed-first").boundaries)
     assert sf.specforge_ids({"eagle_config": {"eagle_aux_hidden_state_layer_ids": ids}},
                             target.config) == ids, f"SpecForge's id resolution changed ids {ids}"
-    layers = sf.specforge_layers_to_capture(ids, bundle.num_layers)
-    harness_b = view.boundaries(bundle, "embed-first")
+    layers = sf.specforge_layers_to_capture(ids, committed.num_layers)
+    harness_b = view.boundaries(committed, "embed-first")
     problems = []
-    for i, prompt in enumerate(bundle.prompts()):
+    for i, prompt in enumerate(committed.prompts()):
         taken, aux, _ = sf.captured_states(target, prompt, layers)
-        golden = bundle.tensors["boundaries"][i, :, : len(prompt)]
+        golden = committed.tensors["boundaries"][i, :, : len(prompt)]
         h = golden.shape[-1]
         if len(taken) != len(harness_b):
             problems.append(f"prompt {i}: SpecForge captured {taken} for ids {ids}, "
@@ -205,21 +205,21 @@ def test_embed_first_in_specforge_on_deepseek_ids(bundle: Bundle, target: torch.
 @pytest.mark.parametrize("view", [PERTURBATIONS["as-is"], PERTURBATIONS["boundary-shifted"]],
                          ids=lambda v: v.name)
 @pytest.mark.parametrize("draft", CAPTURED_DRAFTS)
-def test_capture_gives_the_golden_features(bundle: Bundle, target: torch.nn.Module, draft: str,
+def test_capture_gives_the_golden_features(committed: Bundle, target: torch.nn.Module, draft: str,
                                            view: HarnessView) -> None:
     """SpecForge's capture of the draft's training ids, on the bundle's target, against the
     golden features at the boundaries the harness assigns to those ids, slot by slot, every
     token of every pinned prompt, fp32 within RTOL. A slot SpecForge does not capture must be
     the one KNOWN_DIFFERENCES names (final-aux: boundary N)."""
-    n = bundle.num_layers
-    ids = sf.specforge_ids(draft_config(bundle, draft), target.config)
+    n = committed.num_layers
+    ids = sf.specforge_ids(draft_config(committed, draft), target.config)
     layers = sf.specforge_layers_to_capture(ids, n)
-    harness_b = view.boundaries(bundle, draft)
+    harness_b = view.boundaries(committed, draft)
     problems: list[str] = []
     worst = 0.0
-    for i, prompt in enumerate(bundle.prompts()):
+    for i, prompt in enumerate(committed.prompts()):
         taken, aux, _ = sf.captured_states(target, prompt, layers)
-        golden = bundle.tensors["boundaries"][i, :, : len(prompt)]  # [N+1, T, H]
+        golden = committed.tensors["boundaries"][i, :, : len(prompt)]  # [N+1, T, H]
         h = golden.shape[-1]
         expected = [b for b in harness_b if b in taken]
         missed = [b for b in harness_b if b not in taken]
@@ -238,16 +238,16 @@ def test_capture_gives_the_golden_features(bundle: Bundle, target: torch.nn.Modu
 
 # --- (b) the draft: fc, TTT logits and predictions ---------------------------------------
 
-def _aux_for_specforge(bundle: Bundle, target: torch.nn.Module, draft: str, i: int) -> torch.Tensor:
+def _aux_for_specforge(committed: Bundle, target: torch.nn.Module, draft: str, i: int) -> torch.Tensor:
     """What SpecForge's draft is fed for pinned prompt i: its own capture where its id rule
     accepts the draft and captures every slot; else (embed-first; final-aux, whose slot at
     boundary N SpecForge never captures) the golden aux the draft was trained on."""
-    prompt = bundle.prompts()[i]
+    prompt = committed.prompts()[i]
     if draft == "specforge-default":
-        ids = sf.specforge_ids(draft_config(bundle, draft), target.config)
-        _, aux, _ = sf.captured_states(target, prompt, sf.specforge_layers_to_capture(ids, bundle.num_layers))
+        ids = sf.specforge_ids(draft_config(committed, draft), target.config)
+        _, aux, _ = sf.captured_states(target, prompt, sf.specforge_layers_to_capture(ids, committed.num_layers))
         return aux
-    return bundle.tensors[f"{draft}.aux"][i, : len(prompt)]
+    return committed.tensors[f"{draft}.aux"][i, : len(prompt)]
 
 
 @dataclass
@@ -258,29 +258,29 @@ class Compared:
     problems: list[str]
 
 
-def compare_draft(bundle: Bundle, target: torch.nn.Module, head: torch.nn.Module, draft: str,
+def compare_draft(committed: Bundle, target: torch.nn.Module, head: torch.nn.Module, draft: str,
                   view: HarnessView) -> Compared:
     """SpecForge's draft (its class, its TTT forward) against the harness's reference draft
     on every pinned prompt of length >= 2: fc output and per-step logits (per-token relative
     error <= RTOL), and per-step predictions against the golden draft tokens (equal)."""
-    sf_draft = sf.load_draft(bundle.draft_dir(draft))
-    ref = reference_draft(bundle, draft, sf_draft.embed_tokens.weight.data)
-    golden_fc = bundle.tensors[f"{draft}.fc"]
-    golden_tokens = bundle.tensors[f"{draft}.draft_tokens"]
-    harness_b = view.boundaries(bundle, draft)
+    sf_draft = sf.load_draft(committed.draft_dir(draft))
+    ref = reference_draft(committed, draft, sf_draft.embed_tokens.weight.data)
+    golden_fc = committed.tensors[f"{draft}.fc"]
+    golden_tokens = committed.tensors[f"{draft}.draft_tokens"]
+    harness_b = view.boundaries(committed, draft)
     out = Compared(0.0, 0.0, [], [])
-    for i, prompt in enumerate(bundle.prompts()):
+    for i, prompt in enumerate(committed.prompts()):
         t = len(prompt)
         if t < 2:
             continue  # no TTT step has a label
-        aux = _aux_for_specforge(bundle, target, draft, i)
-        final_normed = bundle.tensors["final_normed"][i, :t]
+        aux = _aux_for_specforge(committed, target, draft, i)
+        final_normed = committed.tensors["final_normed"][i, :t]
         ids = torch.tensor([prompt])
         run = sf.run_ttt(sf_draft, head, ids, aux[None], final_normed[None],
                          torch.ones(1, t, dtype=torch.long), TTT_STEPS)
         with torch.no_grad():
             sf_fc = sf_draft.project_hidden_states(aux)
-            golden = bundle.tensors["boundaries"][i, :, :t]
+            golden = committed.tensors["boundaries"][i, :, :t]
             h_aux = torch.cat([golden[b] for b in harness_b], -1)
             h_fc = view.project(ref.project, ref.cfg.hidden_size, h_aux)
             out.fc_err = max(out.fc_err, relative_errors(sf_fc, h_fc).max().item(),
@@ -332,13 +332,13 @@ def _harness_ttt_logits(ref: Eagle3Draft, view: HarnessView, ids: torch.Tensor, 
 
 @pytest.mark.parametrize("view", list(PERTURBATIONS.values()), ids=lambda v: v.name)
 @pytest.mark.parametrize("draft", THREE_SLOT_DRAFTS)
-def test_specforge_draft_matches_the_reference(bundle: Bundle, target: torch.nn.Module,
+def test_specforge_draft_matches_the_reference(committed: Bundle, target: torch.nn.Module,
                                                head: torch.nn.Module, draft: str,
                                                view: HarnessView) -> None:
     """The bundle's weights in SpecForge's draft class give the harness reference draft's fc
     output, TTT logits (per-token relative error <= RTOL, summation order) and the golden
     per-step predictions (equal: the logits agree to ~1e-6, far inside any top-2 gap)."""
-    got = compare_draft(bundle, target, head, draft, view)
+    got = compare_draft(committed, target, head, draft, view)
     judged(view, got.problems, f"draft {draft} (fc error {got.fc_err:.3g}, logit error "
                                f"{got.logit_err:.3g}, {len(got.flips)} predictions differ)")
 
@@ -356,10 +356,10 @@ class Heldout:
 
 
 @pytest.fixture(scope="module")
-def heldout(bundle: Bundle, target: torch.nn.Module) -> Heldout:
+def heldout(committed: Bundle, target: torch.nn.Module) -> Heldout:
     size = BuildSize()
-    lang = manifest_language(bundle.manifest)
-    g = torch.Generator().manual_seed(int(bundle.manifest["seed"]) + 11)
+    lang = manifest_language(committed.manifest)
+    g = torch.Generator().manual_seed(int(committed.manifest["seed"]) + 11)
     sample_batch(lang, size.train_sequences, REGEN_PROMPT_LEN, g)  # the training prompts' draw
     seqs = regenerate(target, lang, size.heldout_sequences, REGEN_PROMPT_LEN, HELDOUT_LEN, g)
     return Heldout(seqs, [target_features(target, row) for row in seqs.tolist()])
@@ -369,7 +369,7 @@ HELDOUT_LEN = 64  # builder.draft_data's regenerated sequence length
 
 
 @pytest.fixture(scope="module")
-def specforge_acc(bundle: Bundle, target: torch.nn.Module, head: torch.nn.Module,
+def specforge_acc(committed: Bundle, target: torch.nn.Module, head: torch.nn.Module,
                   heldout: Heldout) -> dict[str, sf.TTTRun]:
     """SpecForge's per-step accuracy of each three-slot draft on the held-out data, its loss
     mask marking the generated part as the builder's score_from does (a prediction counts
@@ -383,35 +383,35 @@ def specforge_acc(bundle: Bundle, target: torch.nn.Module, head: torch.nn.Module
     out = {}
     for name in THREE_SLOT_DRAFTS:
         if name == "specforge-default":
-            ids = sf.specforge_ids(draft_config(bundle, name), target.config)
-            layers = sf.specforge_layers_to_capture(ids, bundle.num_layers)
+            ids = sf.specforge_ids(draft_config(committed, name), target.config)
+            layers = sf.specforge_layers_to_capture(ids, committed.num_layers)
             aux = torch.stack([sf.captured_states(target, row, layers)[1] for row in seqs.tolist()])
         else:
-            aux = torch.stack([torch.cat([f.boundaries[b] for b in bundle.draft(name).boundaries], -1)
+            aux = torch.stack([torch.cat([f.boundaries[b] for b in committed.draft(name).boundaries], -1)
                                for f in heldout.features])
-        out[name] = sf.run_ttt(sf.load_draft(bundle.draft_dir(name)), head, seqs, aux, final, mask,
+        out[name] = sf.run_ttt(sf.load_draft(committed.draft_dir(name)), head, seqs, aux, final, mask,
                                TTT_STEPS)
     return out
 
 
 @pytest.mark.parametrize("view", list(PERTURBATIONS.values()), ids=lambda v: v.name)
 @pytest.mark.parametrize("draft", THREE_SLOT_DRAFTS)
-def test_specforge_accuracy_is_the_recorded_acc_k(bundle: Bundle, heldout: Heldout,
+def test_specforge_accuracy_is_the_recorded_acc_k(committed: Bundle, heldout: Heldout,
                                                   specforge_acc: dict[str, sf.TTTRun], draft: str,
                                                   view: HarnessView) -> None:
     """SpecForge's own TTT accuracy (OnlineEagle3Model's `acces`) on the held-out data equals
     the harness's (training.ttt_forward on the features at the boundaries the harness assigns,
     with its fc) hit for hit, and the manifest's acc_k to its 6 recorded decimals."""
     run = specforge_acc[draft]
-    ref = Eagle3Draft.load(bundle.draft_dir(draft))
-    h_aux = torch.stack([torch.cat([f.boundaries[b] for b in view.boundaries(bundle, draft)], -1)
+    ref = Eagle3Draft.load(committed.draft_dir(draft))
+    h_aux = torch.stack([torch.cat([f.boundaries[b] for b in view.boundaries(committed, draft)], -1)
                          for f in heldout.features])
     labels = torch.stack([f.logits.argmax(-1) for f in heldout.features])
     project = ref.project
     ref.project = lambda a: view.project(project, ref.cfg.hidden_size, a)  # type: ignore[method-assign]
     with torch.no_grad():
         _, h_acc, _ = ttt_forward(ref, heldout.seqs, h_aux, labels, score_from=REGEN_PROMPT_LEN)
-    recorded = bundle.draft(draft).acc_k
+    recorded = committed.draft(draft).acc_k
     problems = []
     for j, (a, h, r) in enumerate(zip(run.acc, h_acc, recorded, strict=True)):
         hits = round(h * run.denom[j])
@@ -431,7 +431,7 @@ def test_specforge_accuracy_is_the_recorded_acc_k(bundle: Bundle, heldout: Heldo
 ACC_DECIMALS = 5e-7
 
 
-def test_specforge_bf16_target_head_moves_only_near_ties(bundle: Bundle, head: torch.nn.Module,
+def test_specforge_bf16_target_head_moves_only_near_ties(committed: Bundle, head: torch.nn.Module,
                                                         heldout: Heldout, tmp_path: Path) -> None:
     """SpecForge's own `TargetHead.from_pretrained` casts the target's lm_head to bf16, so its
     training labels are a bf16 argmax where the bundle's are fp32 (the deliberate difference
@@ -440,7 +440,7 @@ def test_specforge_bf16_target_head_moves_only_near_ties(bundle: Bundle, head: t
     (weights and inputs each rounded to bf16, u = 2^-8; products summed in fp32)."""
     from specforge.modeling.target.target_head import TargetHead
 
-    h16 = TargetHead.from_pretrained(str(sf.link_target(bundle.target_dir, tmp_path / "target")))
+    h16 = TargetHead.from_pretrained(str(sf.link_target(committed.target_dir, tmp_path / "target")))
     assert h16.fc.weight.dtype == torch.bfloat16, (
         f"SpecForge's TargetHead.from_pretrained no longer casts to bf16 ({h16.fc.weight.dtype}): "
         f"update DESIGN.md 'SpecForge parity'")

@@ -77,12 +77,12 @@ Converter = Callable[[str, "list[int] | None"], Path]
 
 
 @pytest.fixture(scope="module")
-def bundle() -> Bundle:
+def committed() -> Bundle:
     return load_bundle(default_bundle_path())
 
 
 @pytest.fixture(scope="module")
-def convert(bundle: Bundle, tmp_path_factory: pytest.TempPathFactory) -> Converter:
+def convert(committed: Bundle, tmp_path_factory: pytest.TempPathFactory) -> Converter:
     """speculators' Eagle3Converter on a bundle draft (ids: the `--eagle-aux-hidden-state-layer-ids`
     it is told, None = not told), once per request; the converted folder."""
     from speculators.convert.eagle.eagle3_converter import Eagle3Converter
@@ -93,7 +93,7 @@ def convert(bundle: Bundle, tmp_path_factory: pytest.TempPathFactory) -> Convert
         key = (draft, None if ids is None else tuple(ids))
         if key not in done:
             out = tmp_path_factory.mktemp(f"speculators-{draft}")
-            Eagle3Converter().convert(str(bundle.draft_dir(draft)), str(out), str(bundle.target_dir),
+            Eagle3Converter().convert(str(committed.draft_dir(draft)), str(out), str(committed.target_dir),
                                       validate=True, eagle_aux_hidden_state_layer_ids=ids)
             done[key] = out
         return done[key]
@@ -108,7 +108,7 @@ def _config(folder: Path) -> dict[str, Any]:
 # --- config parsing --------------------------------------------------------------------------
 
 @pytest.mark.parametrize("ids", [(2, 4, 5), (0, 4, 8), (3,), (1, 7)])
-def test_speculators_parses_the_harness_speculators_layout(bundle: Bundle, tmp_path: Path,
+def test_speculators_parses_the_harness_speculators_layout(committed: Bundle, tmp_path: Path,
                                                           ids: tuple[int, ...]) -> None:
     """The harness writes speculators-layout drafts for the layer-id checks (draft_factory
     TOP_LEVEL). speculators' own config parsing must read them as an EAGLE-3 speculator with
@@ -117,7 +117,7 @@ def test_speculators_parses_the_harness_speculators_layout(bundle: Bundle, tmp_p
     state with the pre-norm state fed back (norm_output False), the llama layer's shapes."""
     from speculators import SpeculatorModelConfig
 
-    folder = DraftFactory(bundle, tmp_path).folder(ids, TOP_LEVEL)
+    folder = DraftFactory(committed, tmp_path).folder(ids, TOP_LEVEL)
     parsed = SpeculatorModelConfig.from_pretrained(str(folder))
     ours = DraftConfig.from_json(_config(folder))
     layer = parsed.transformer_layer_config
@@ -143,7 +143,7 @@ def test_speculators_parses_the_harness_speculators_layout(bundle: Bundle, tmp_p
 # --- the converter ---------------------------------------------------------------------------
 
 @pytest.mark.parametrize("draft", THREE_SLOT_DRAFTS)
-def test_converter_drops_the_nested_ids(bundle: Bundle, convert: Converter, draft: str) -> None:
+def test_converter_drops_the_nested_ids(committed: Bundle, convert: Converter, draft: str) -> None:
     """Not told the ids, speculators 0.9.0's converter writes `eagle_aux_hidden_state_layer_ids:
     null`, although the SpecForge draft carries them in `eagle_config`: vLLM then captures its
     defaults. The harness must refuse such a draft, saying what to add, never guess."""
@@ -152,53 +152,53 @@ def test_converter_drops_the_nested_ids(bundle: Bundle, convert: Converter, draf
     folder = convert(draft, None)
     assert SpeculatorModelConfig.from_pretrained(str(folder)).eagle_aux_hidden_state_layer_ids is None, (
         f"speculators' converter now keeps draft {draft}'s nested ids "
-        f"{list(bundle.draft(draft).layer_ids)}: update DESIGN.md 'speculators' and this test")
+        f"{list(committed.draft(draft).layer_ids)}: update DESIGN.md 'speculators' and this test")
     with pytest.raises(ValueError, match="add the ids training used"):
         DraftConfig.from_json(_config(folder))
 
 
 @pytest.mark.parametrize("draft", ["specforge-default", "final-aux"])
-def test_verbatim_ids_are_one_boundary_early_in_vllm(bundle: Bundle, convert: Converter, draft: str) -> None:
+def test_verbatim_ids_are_one_boundary_early_in_vllm(committed: Bundle, convert: Converter, draft: str) -> None:
     """Told the training ids verbatim (SpecForge's [1, 3, 4]: b = id + 1), the converter copies
     them to the top level, where vLLM reads b = id: every slot one boundary early, the bug class
     of the motivating case, moved into the conversion. The harness must read them so."""
-    spec = bundle.draft(draft)
+    spec = committed.draft(draft)
     folder = convert(draft, list(spec.layer_ids))
     ids = DraftConfig.from_json(_config(folder)).aux_layer_ids
-    served = ids_to_boundaries(ids, VLLM, bundle.num_layers)
+    served = ids_to_boundaries(ids, VLLM, committed.num_layers)
     offsets = {s - t for s, t in zip(served, spec.boundaries, strict=True)}
     assert offsets == {-1}, (f"draft {draft}: converted ids {list(ids)} mean boundaries {served} to "
                              f"vLLM, training used {spec.boundaries}; expected every slot one early "
                              f"(offset -1), found offsets {sorted(offsets)}")
 
 
-def test_embed_first_has_no_vllm_ids(bundle: Bundle) -> None:
+def test_embed_first_has_no_vllm_ids(committed: Bundle) -> None:
     """embed-first was trained on boundary 0; vLLM's deepseek_v2 cannot capture it (id 0 is a
     TypeError there), so no ids exist to give the converter and the harness must say so."""
     with pytest.raises(LayerIdError, match="cannot capture boundary 0"):
-        boundaries_to_ids(bundle.draft("embed-first").boundaries, VLLM, bundle.num_layers)
+        boundaries_to_ids(committed.draft("embed-first").boundaries, VLLM, committed.num_layers)
 
 
 @pytest.mark.parametrize("view", list(PERTURBATIONS.values()), ids=lambda v: v.name)
 @pytest.mark.parametrize("draft", ["specforge-default", "final-aux"])
-def test_converted_draft_runs_as_trained(bundle: Bundle, convert: Converter, draft: str, view: HarnessView) -> None:
+def test_converted_draft_runs_as_trained(committed: Bundle, convert: Converter, draft: str, view: HarnessView) -> None:
     """Converted with the ids that say its training boundaries to vLLM (b = id), the draft
     loads natively in the harness with every weight of the source unchanged and its config's
     fields equal; fed the golden features at the boundaries its converted ids mean (view.read
     under vLLM's rule) through the harness's TTT forward, it predicts the golden draft tokens
     at every position and step of every pinned prompt."""
-    spec = bundle.draft(draft)
-    ids = list(boundaries_to_ids(spec.boundaries, VLLM, bundle.num_layers))
+    spec = committed.draft(draft)
+    ids = list(boundaries_to_ids(spec.boundaries, VLLM, committed.num_layers))
     folder = convert(draft, ids)
     problems: list[str] = []
-    source = load_file(str(bundle.draft_dir(draft) / "model.safetensors"))
+    source = load_file(str(committed.draft_dir(draft) / "model.safetensors"))
     converted = speculators_keys(load_file(str(folder / "model.safetensors")))
     for key, tensor in source.items():
         if key not in converted or not torch.equal(converted[key], tensor):
             problems.append(f"weight {key}: {'missing' if key not in converted else 'changed'} "
                             f"after conversion")
     ours, theirs = (DraftConfig.from_json(json.loads((f / "config.json").read_text()))
-                    for f in (bundle.draft_dir(draft), folder))
+                    for f in (committed.draft_dir(draft), folder))
     for field in ("vocab_size", "draft_vocab_size", "hidden_size", "target_hidden_size", "num_attention_heads",
                   "num_key_value_heads", "head_dim", "intermediate_size", "rms_norm_eps", "rope_theta",
                   "norm_before_fc", "fc_norm"):
@@ -208,14 +208,14 @@ def test_converted_draft_runs_as_trained(bundle: Bundle, convert: Converter, dra
     draft_model = Eagle3Draft.load(folder)
     project = draft_model.project
     draft_model.project = lambda a: view.project(project, draft_model.cfg.hidden_size, a)  # type: ignore[method-assign]
-    served = view.read(theirs.aux_layer_ids, VLLM, bundle.num_layers)
-    golden_tokens = bundle.tensors[f"{draft}.draft_tokens"]
+    served = view.read(theirs.aux_layer_ids, VLLM, committed.num_layers)
+    golden_tokens = committed.tensors[f"{draft}.draft_tokens"]
     differ = total = 0
-    for i, prompt in enumerate(bundle.prompts()):
+    for i, prompt in enumerate(committed.prompts()):
         t = len(prompt)
         if t < 2:
             continue
-        feats = bundle.tensors["boundaries"][i, :, :t]
+        feats = committed.tensors["boundaries"][i, :, :t]
         aux = torch.cat([feats[b] for b in served], -1)
         labels = torch.zeros(1, t, dtype=torch.long)  # labels only score accuracy, not read here
         with torch.no_grad():
