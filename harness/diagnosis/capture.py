@@ -22,6 +22,7 @@ from harness.boundaries import (
     ids_to_boundaries,
     short_boundary,
 )
+from harness.diagnosis.compare import AMBIGUOUS_MARGIN, Comparison, compare, slot_errors
 from harness.diagnosis.evidence import (
     batch_dependence,
     explain,
@@ -106,7 +107,11 @@ def _classify(slots: list[SlotMatch], train: list[int], n: int) -> tuple[str, in
         # are one-boundary rules; a larger "shift" that leaves an endpoint in place (every slot
         # holding boundary N: [1, 8] -> [8, 8]) is slots sharing one buffer, not a convention
         inner = {f - t for f, t in zip(ints, train, strict=True) if not (f == t and t in (0, n))}
-        if len(inner) == 1 and next(iter(inner)) in (-1, 1):
+        kept_final = any(f == t == n for f, t in zip(ints, train, strict=True))
+        # a -1 moves the last layer's output to N-1 like every other boundary: an engine that
+        # reads ids one early has no reason to keep b = N (issue #31: [1, N] held as [0, N] is a
+        # fault at boundary 1 alone, not "offset -1")
+        if len(inner) == 1 and next(iter(inner)) in (-1, 1) and not (kept_final and -1 in inner):
             return "offset", inner.pop(), first_bad
     aliased = _aliased(slots)
     if aliased is not None:
@@ -178,6 +183,10 @@ _ENGINE_BUGS = ("final_boundary_normed", "residual_missing", "stale_or_skipped",
                 *_FITTED)
 # causes read off per-slot labels that no fitted model can overturn
 _LABELLED = ("ok", "final_boundary_normed", "residual_missing", "offset", "order_permuted")
+# causes whose confidence is their margin over the competing explanations of
+# harness.diagnosis.compare (the fitted causes carry their own fit-against-raw margin)
+_COMPARED = ("offset", "embedding_missing", "order_permuted", "final_boundary_normed",
+             "final_boundary_missing", "residual_missing", "slots_aliased", "ids_ignored")
 
 
 def _ignored_ids(found: list[Label], train: list[int], n: int,
@@ -310,6 +319,19 @@ def diagnose_capture(
     if finding is not None:
         details.update(evidence=finding.data, confidence_margin=finding.margin)
         message += f" Evidence: {finding.seen}."
+        if finding.runner_up is not None:
+            details["comparison"] = {"winner": kind, "runner_up": finding.runner_up,
+                                     "margin": finding.margin,
+                                     "ambiguous": finding.margin < AMBIGUOUS_MARGIN,
+                                     "experiment": finding.experiment}
+        if finding.runner_up is not None and finding.margin < AMBIGUOUS_MARGIN:
+            details["ambiguous_with"] = finding.runner_up
+            message = message.replace("root cause:", "likeliest cause, not separated from "
+                                      f"{finding.runner_up}:", 1)
+            message += (f" Ambiguous between {kind} and {finding.runner_up} (margin "
+                        f"{finding.margin:.3g}: the evidence fits both); the experiment that "
+                        f"separates them: {finding.experiment}.")
+            fix = f"If it is {kind}: {fix}"
     elif kind == "unrecognised":
         seen = seen_per_slot(features, golden, train, rtol)
         details.update(seen=seen, confidence_margin=0.0)
@@ -320,7 +342,20 @@ def diagnose_capture(
             for d in seen) + "."
     elif kind != "ok":
         details["confidence_margin"] = fit()[0]
-    if "confidence_margin" in details and kind != "ok":
+    comparison: Comparison | None = None
+    if finding is None and kind in _COMPARED:
+        comparison = compare(kind, offset, slot_errors(features, golden, train), found, train, n,
+                             floor=rtol, engine_convention=conv_name)
+    if comparison is not None:
+        details.update(confidence_margin=comparison.margin, comparison=comparison.to_json())
+        if comparison.ambiguous:
+            assert comparison.runner_up is not None
+            details["ambiguous_with"] = comparison.runner_up.name
+            message = message.replace("root cause:", "likeliest cause, not separated from "
+                                      f"{comparison.runner_up.name}:", 1)
+            fix = f"If it is {comparison.winner.name}: {fix}"
+        message += comparison.sentence()
+    elif "confidence_margin" in details and kind != "ok" and "ambiguous_with" not in details:
         m = details["confidence_margin"]
         message += (" Confidence margin: none, no explanation fits." if m == 0 else
                     f" Confidence margin: the nearest competing explanation fits {m:.3g}x worse.")

@@ -39,6 +39,10 @@ class Finding:
     seen: str
     margin: float
     data: dict[str, Any] = field(default_factory=dict)
+    # the competing explanation nearest in fit, where one was scored (issue #31), and the
+    # experiment that would separate the two
+    runner_up: str | None = None
+    experiment: str | None = None
 
 
 def _chunk(x: torch.Tensor, s: int, hidden: int) -> torch.Tensor:
@@ -161,7 +165,7 @@ def normalised(features: Sequence[torch.Tensor], golden: Sequence[TargetFeatures
     if not off:
         return None
     hidden = golden[0].boundaries.shape[-1]
-    worst_fit, raw_med = 0.0, math.inf
+    worst_fit, raw_med, worst_scalar = 0.0, math.inf, 0.0
     for s in off:
         b = train[s]
         xs = torch.cat([_chunk(x, s, hidden)[_live(g, b)] for x, g in zip(features, golden, strict=True)])
@@ -174,14 +178,28 @@ def normalised(features: Sequence[torch.Tensor], golden: Sequence[TargetFeatures
             return None
         worst_fit = max(worst_fit, float(fit.max()))
         raw_med = min(raw_med, float(raw.median()))
+        # the simpler rival: one constant factor for the whole slot (an embedding multiplier,
+        # a scaled buffer), which a norm's per-token rescale contains as a special case
+        scale = float((xs * refs).sum() / refs.pow(2).sum().clamp_min(1e-12))
+        worst_scalar = max(worst_scalar, float(relative_errors(xs, scale * refs).max()))
     if raw_med <= rtol:
         return None
-    margin = raw_med / max(worst_fit, 1e-12)
+    own = max(worst_fit, rtol)
+    rivals = {"the raw trained boundaries": raw_med,
+              "one constant scale factor (not a norm: no per-token rescale)": max(worst_scalar, rtol)}
+    runner_up = min(rivals, key=lambda k: rivals[k])
+    margin = rivals[runner_up] / own
     return Finding("normalised",
                    f"slots {off} equal their trained boundaries after a per-token rescale and one "
                    f"per-channel gain (worst fit error {worst_fit:.2g}, tolerance {rtol:g}; the raw "
-                   f"boundaries are off by a median {raw_med:.2g}, {margin:.3g}x worse)",
-                   margin, {"slots": off, "fit_error": worst_fit, "raw_error": raw_med})
+                   f"boundaries are off by a median {raw_med:.2g}; one constant scale fits to "
+                   f"{worst_scalar:.2g})",
+                   margin, {"slots": off, "fit_error": worst_fit, "raw_error": raw_med,
+                            "scalar_fit_error": worst_scalar}, runner_up=runner_up,
+                   experiment="compare the slot's per-token norms with the trained boundary's: a "
+                              "norm makes them equal across tokens (up to its weight), a constant "
+                              "factor keeps their ratio fixed; and check the engine's embedding "
+                              "or buffer scale")
 
 
 def partial_residual(features: Sequence[torch.Tensor], golden: Sequence[TargetFeatures],
