@@ -295,24 +295,34 @@ def diagnose_capture(
 
     suggested: list[int] | None = None
     fix = ""
+    addressee: str | None = ENGINE_VENDOR
     if kind == "ok":
-        fix = "The engine hands the draft exactly the boundaries training used."
-    elif kind in _ENGINE_BUGS:
+        fix, addressee = "The engine hands the draft exactly the boundaries training used.", None
+    elif kind in _ENGINE_BUGS or kind == "unrecognised":
         fix = "This is an engine bug, not a config problem; no id list fixes it."
     elif conv is None:
         fix = "Name the engine's convention to get the id list that fixes this."
+        addressee = UNDETERMINED
     else:
         try:
             suggested = list(boundaries_to_ids(train, conv, n))
-            fix = f"Set eagle_aux_hidden_state_layer_ids to {suggested} for {conv_name}."
+            fix, addressee = f"Set eagle_aux_hidden_state_layer_ids to {suggested} for {conv_name}.", DRAFT_OWNER
             if kind == "ids_ignored":
                 fix = (f"The engine must read the ids: put eagle_aux_hidden_state_layer_ids: "
                        f"{suggested} where {conv_name} reads it (for vLLM's V2 runner, at the top "
                        f"level of the draft config).")
+            elif config_ids is not None and suggested == [int(i) for i in config_ids]:
+                # the config already says training's boundaries in the engine's own declared
+                # convention: setting "the right ids" changes nothing; the engine's capture
+                # does not do what it declares (issue #31, item 3)
+                fix, suggested = _capture_fault(kind, offset, found, train, conv, list(config_ids)), None
+                addressee = ENGINE_VENDOR
         except LayerIdError as err:
             fix = f"{err}."
+    fix = f"{_TO[addressee]}{fix}" if addressee else fix
 
-    details: dict = {"rtol": rtol, "separation": separation, "num_prompts": len(features),
+    details: dict = {"addressee": addressee,
+                     "rtol": rtol, "separation": separation, "num_prompts": len(features),
                      "engine_slots": len(slots), "training_slots": len(train),
                      "slot_boundary_errors": [s.boundary_errors for s in slots]}
     message = _message(kind, offset, at, slots, train, n, consistent, config_ids)
@@ -363,6 +373,32 @@ def diagnose_capture(
     return Diagnosis(kind=kind, message=message, engine_boundaries=found, training_boundaries=train,
                      suggested_layer_ids=suggested, slots=slots, engine_convention=conv_name,
                      consistent_conventions=consistent, num_layers=n, offset=offset, details=details)
+
+
+ENGINE_VENDOR = "engine vendor"
+DRAFT_OWNER = "draft owner"
+UNDETERMINED = "undetermined"
+_TO = {ENGINE_VENDOR: "For the engine vendor: ", DRAFT_OWNER: "For the draft owner: ",
+       UNDETERMINED: "For the engine vendor or the draft owner: "}
+
+
+def _capture_fault(kind: str, offset: int | None, found: list[Label], train: list[int],
+                   conv: Convention, config_ids: list[int]) -> str:
+    """What an engine does that captures other boundaries than the convention it declares
+    says its config's ids mean: the fault is its capture, and the sentence says where."""
+    head = (f"the engine declares {conv.name} ({conv.description}); under it the config's ids "
+            f"{config_ids} already mean training's boundaries {train}, yet it captures {found}")
+    if kind == "offset" and offset is not None:
+        where = {1: "its hook reads the layer's output, not its input",
+                 -1: "its hook reads the layer's input, not its output (one layer early)"}.get(
+            offset, f"its hook sits {abs(offset)} layers {'later' if offset > 0 else 'earlier'} "
+                    "than its convention says")
+        return (f"{head[0].upper()}{head[1:]}: it captures boundary b{offset:+d} for the id that "
+                f"means b: {where}. The fault is in the engine's capture, not in the config: "
+                "move the hook so that id k captures what the declared convention says (or "
+                "declare the convention the engine implements).")
+    return (f"{head[0].upper()}{head[1:]}. The fault is in the engine's capture, not in the "
+            f"config: no id change is needed for a draft that already states them in {conv.name}.")
 
 
 def _message(kind: str, offset: int | None, at: int | None, slots: list[SlotMatch],

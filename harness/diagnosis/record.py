@@ -103,6 +103,8 @@ class Diagnosis:
             "consistent_conventions": list(self.consistent_conventions),
             "num_layers": self.num_layers,
             "offset": self.offset,
+            # who the remedy is for ("engine vendor", "draft owner"): issue #31, item 3
+            "addressee": self.details.get("addressee"),
             "slots": [s.to_json() for s in self.slots],
             "details": dict(self.details),
         }
