@@ -178,6 +178,10 @@ def explanations(errors: list[dict[Label, float]], found: Sequence[Label], train
         if len(default) == len(train_t) and default != train_t:
             # no free choice: the engine's defaults are one fixed list
             add("ids_ignored", "ids_ignored", default, 0)
+    # one mechanism for every slot: the residual dropped wherever there is one (the embedding
+    # has none), or every capture skipped
+    add("residual_missing", "residual_missing", tuple(mlp_label(b) if b > 0 else b for b in train_t), 1)
+    add("stale_or_skipped (every slot zeros)", "stale_or_skipped", (ZERO,) * len(train_t), 1)
     if 0 in train_t and len(found) == len(train_t):
         # the embedding dropped from the list and the later slots moved up one, the engine's
         # own capture filling the last (vLLM reading [-1, 2, 30]: cat(3, 31, 59))
