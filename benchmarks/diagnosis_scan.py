@@ -20,7 +20,7 @@ among the competing explanations, the runner-up, and "AMBIGUOUS" where the repor
 kinds that are right for it); their batch- and acceptance-level bugs are judged the way
 suites/test_batch_invariance.py (diagnose_batch_leak on the pinned batch) and
 suites/test_acceptance.py (explain_shortfall, specforge-default only: ~15 s a cell) judge them,
-with the zoo's fc_on_recurrent_state as the acceptance control.
+with the zoo's fc_on_recurrent_state and d2t_absolute as the acceptance controls.
 """
 
 from __future__ import annotations
@@ -123,9 +123,8 @@ def main() -> int:
         (CONTROL, ReferenceEngine, "capture", ("PASS",))]
     cells += [(k, MUTANTS[k], "capture", (MUTANTS[k].expected_diagnosis_kind,)) for k in keys]
     cells += [(k, HELDOUT[k], HELDOUT[k].shows_in, HELDOUT[k].acceptable) for k in held]
-    if held:
-        cells.append(("fc_on_recurrent_state", MUTANTS["fc_on_recurrent_state"], "acceptance",
-                      ("fc_on_recurrent_state",)))
+    if held:  # the zoo bugs the acceptance-level separating experiments must still name
+        cells += [(k, MUTANTS[k], "acceptance", (k,)) for k in ("fc_on_recurrent_state", "d2t_absolute")]
     for key, cls, shows_in, expected_kinds in cells:
         expected = "/".join(expected_kinds)
         for served in drafts:

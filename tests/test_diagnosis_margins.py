@@ -28,12 +28,13 @@ from harness.engines.base import EngineOptions
 from harness.engines.heldout import (
     AuxBatchSizeRounding,
     BoundaryOneReadsEmbedding,
+    D2tOffsetFromNextIndex,
     EmbeddingScaled,
     MiddleSlotOneEarly,
     RecurrentStateNormed,
 )
 from harness.engines.reference import ReferenceEngine
-from harness.engines.zoo import FcOnRecurrentState, IdsMinusOne
+from harness.engines.zoo import D2tAbsolute, FcOnRecurrentState, IdsMinusOne
 from harness.golden.bundle import BundleError, load_bundle
 from harness.golden.oracle import Oracle
 from harness.mutant_scan import Served, bundle_drafts, factory_drafts
@@ -206,14 +207,8 @@ def test_failure_turns_an_ok_diagnosis_into_unrecognised_with_the_reproducer() -
     assert diag.engine_boundaries == [2, 4, 5]
 
 
-@pytest.mark.parametrize(("cls", "expected"), [(FcOnRecurrentState, "fc_on_recurrent_state"),
-                                               (RecurrentStateNormed, "unrecognised")],
-                         ids=["zoo:fc_on_recurrent_state", "heldout:RecurrentStateNormed"])
-def test_deeper_steps_collapsing_name_fc_only_where_the_experiment_reproduces_it(
-        cls: type[ReferenceEngine], expected: str) -> None:
-    """Both keep the first drafted token and break the deeper ones. The suite re-serves the
-    prompts with fc re-applied to the recurrent state: the zoo's bug is reproduced round for
-    round (verified), the normed state fed back is not, and is not told to skip fc."""
+def _shortfall(cls: type[ReferenceEngine]) -> Diagnosis:
+    """explain_shortfall's diagnosis of `cls` serving specforge-default (fp32, pinned prompts)."""
     oracle = _oracle()
     draft = "specforge-default"
     spec = oracle.spec(draft)
@@ -222,9 +217,38 @@ def test_deeper_steps_collapsing_name_fc_only_where_the_experiment_reproduces_it
     try:
         new_tokens = int(oracle.bundle.manifest["prompts"]["continuation_len"])
         gen = engine.generate(oracle.pinned_prompts, new_tokens, True)
-        diag = explain_shortfall(engine, oracle, draft, gen, golden_traces(oracle, draft))
+        return explain_shortfall(engine, oracle, draft, gen, golden_traces(oracle, draft))
     finally:
         engine.close()
+
+
+@pytest.mark.parametrize(("cls", "expected"), [(D2tAbsolute, "d2t_absolute"),
+                                               (D2tOffsetFromNextIndex, "unrecognised")],
+                         ids=["zoo:d2t_absolute", "heldout:D2tOffsetFromNextIndex"])
+def test_tokens_outside_the_draft_vocabulary_name_d2t_only_where_reproduced(
+        cls: type[ReferenceEngine], expected: str) -> None:
+    """Both draft tokens outside the draft vocabulary, and both accept nothing, so the
+    per-round traces agree whatever the map; the proposed tokens separate them: d2t read as
+    ids reproduces the zoo's bug token for token and not the offset applied to i + 1."""
+    diag = _shortfall(cls)
+    assert diag.kind == expected, f"{cls.__name__}: named {diag.kind!r}, expected {expected!r}: {diag.message}"
+    same, rounds = diag.details["d2t_absolute_reproduces_rounds"], diag.details["rounds"]
+    if expected == "d2t_absolute":
+        assert diag.details["verified"] and same == rounds, (same, rounds)
+    else:
+        assert same < 0.9 * rounds, f"d2t read as ids reproduced {same}/{rounds} rounds of another map"
+        assert "d2t_absolute" in diag.details["ruled_out"]
+
+
+@pytest.mark.parametrize(("cls", "expected"), [(FcOnRecurrentState, "fc_on_recurrent_state"),
+                                               (RecurrentStateNormed, "unrecognised")],
+                         ids=["zoo:fc_on_recurrent_state", "heldout:RecurrentStateNormed"])
+def test_deeper_steps_collapsing_name_fc_only_where_the_experiment_reproduces_it(
+        cls: type[ReferenceEngine], expected: str) -> None:
+    """Both keep the first drafted token and break the deeper ones. The suite re-serves the
+    prompts with fc re-applied to the recurrent state: the zoo's bug is reproduced round for
+    round (verified), the normed state fed back is not, and is not told to skip fc."""
+    diag = _shortfall(cls)
     assert diag.kind == expected, f"{cls.__name__}: named {diag.kind!r}, expected {expected!r}: {diag.message}"
     same, rounds = diag.details["fc_reapplied_reproduces_rounds"], diag.details["rounds"]
     if expected == "fc_on_recurrent_state":

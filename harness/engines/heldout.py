@@ -126,6 +126,25 @@ class RecurrentStateNormed(HeldOut):
         return self.draft.norm(prev_output)
 
 
+class D2tOffsetFromNextIndex(HeldOut):
+    """The draft-to-target map adds d2t[i] to i + 1 (a 1-based index where the offsets are
+    0-based): every drafted token lands one target id past its own, mostly outside the draft
+    vocabulary. d2t is read as offsets, so "read d2t as offsets" (the `d2t_absolute` remedy)
+    would not fix it."""
+
+    name = "harness.engines.heldout:D2tOffsetFromNextIndex"
+    bug_class = "d2t offsets applied to i + 1"
+    expected_diagnosis_kind = "unrecognised"
+    acceptable = ("unrecognised",)
+    shows_in = "acceptance"
+    hook = "map_draft_ids"
+    issue = "#31 (a vocabulary-map bug that is not d2t read as ids)"
+
+    def map_draft_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
+        ids = self.draft.to_target_ids(draft_ids) + 1
+        return ids.clamp_max(self.draft.t2d.shape[0] - 1)
+
+
 HELDOUT: dict[str, type[HeldOut]] = {cls.__name__: cls for cls in (
     BoundaryOneReadsEmbedding, MiddleSlotOneEarly, EmbeddingScaled, AuxBatchSizeRounding,
-    RecurrentStateNormed)}
+    RecurrentStateNormed, D2tOffsetFromNextIndex)}
