@@ -21,6 +21,7 @@ import torch
 
 from harness.diagnosis.fingerprint import candidates, fingerprint, relative_errors
 from harness.golden.features import TargetFeatures
+from harness.tolerances import rtol_for
 
 # A state rounded through a 16-bit float (bf16: 8 significant bits, worst element error 2^-9)
 # lands well inside this per-token bound; adjacent boundaries of the residual stream differ by
@@ -28,6 +29,12 @@ from harness.golden.features import TargetFeatures
 # a precision loss, not a wiring bug.
 PRECISION_BOUND = 2.0 ** -5
 SHIFTS = (1, -1, 2, -2, 3, -3)
+# A fitted cause's margin is its runner-up's error over its own, its own floored here: the fp32
+# tolerance (summation order), below which no fit is better than another. Not the dtype's label
+# tolerance: in bf16 that (0.05) is as large as a missing MLP update, and every margin would be ~1.
+FIT_FLOOR = rtol_for("float32")
+_RAW_EXPERIMENT = ("serve the same prompts in fp32, where rounding cannot blur the fitted state "
+                   "and the raw boundary")
 
 
 @dataclass
@@ -184,9 +191,9 @@ def normalised(features: Sequence[torch.Tensor], golden: Sequence[TargetFeatures
         worst_scalar = max(worst_scalar, float(relative_errors(xs, scale * refs).max()))
     if raw_med <= rtol:
         return None
-    own = max(worst_fit, rtol)
+    own = max(worst_fit, FIT_FLOOR)
     rivals = {"the raw trained boundaries": raw_med,
-              "one constant scale factor (not a norm: no per-token rescale)": max(worst_scalar, rtol)}
+              "one constant scale factor (not a norm: no per-token rescale)": max(worst_scalar, FIT_FLOOR)}
     runner_up = min(rivals, key=lambda k: rivals[k])
     margin = rivals[runner_up] / own
     return Finding("normalised",
@@ -224,12 +231,13 @@ def partial_residual(features: Sequence[torch.Tensor], golden: Sequence[TargetFe
         if not _fits(fit, torch.cat(raws), rtol, separation):
             return None
         worst = max(worst, float(fit.max()))
-    margin = raw / max(worst, rtol)  # below the tolerance every fit is as good (issue #31)
+    margin = raw / max(worst, FIT_FLOOR)  # below it every fit is as good (issue #31)
     return Finding("partial_residual",
                    f"slots {off} equal boundary k minus layer k-1's MLP output, the residual "
                    f"stream after attention only, on every token (worst error {worst:.2g}; the "
                    f"full boundaries are {margin:.3g}x farther)", margin,
-                   {"slots": off, "fit_error": worst, "raw_error": raw})
+                   {"slots": off, "fit_error": worst, "raw_error": raw},
+                   runner_up="the raw trained boundaries", experiment=_RAW_EXPERIMENT)
 
 
 def position_shift(features: Sequence[torch.Tensor], golden: Sequence[TargetFeatures],
@@ -264,12 +272,13 @@ def position_shift(features: Sequence[torch.Tensor], golden: Sequence[TargetFeat
                 raw = min(raw, float(relative_errors(got, ref).median()))
                 judged += int(live.sum())
         if judged and _fits(torch.cat(fits), torch.cat(unshifted), rtol, separation):
-            margin = raw / max(worst, rtol)  # below the tolerance every fit is as good (issue #31)
+            margin = raw / max(worst, FIT_FLOOR)  # below it every fit is as good (issue #31)
             return Finding("position_shifted",
                            f"slots {off} hold at token t training's state of token t{-d:+d} on "
                            f"all {judged} tokens judged (worst error {worst:.2g}); the same "
                            f"token's state is {margin:.3g}x farther", margin,
-                           {"slots": off, "shift": d, "tokens": judged})
+                           {"slots": off, "shift": d, "tokens": judged},
+                           runner_up="the raw trained boundaries", experiment=_RAW_EXPERIMENT)
     return None
 
 
@@ -342,7 +351,7 @@ def interleaved(features: Sequence[torch.Tensor], golden: Sequence[TargetFeature
     return Finding("slots_interleaved",
                    f"read with the slot index fastest ([T, H, {n}] instead of [T, {n}, H]) the "
                    f"features equal all {n} trained slots on every token (as concatenated they "
-                   f"are off by a median {raw:.2g})", raw / rtol,
+                   f"are off by a median {raw:.2g})", raw / FIT_FLOOR,
                    {"layout": f"[T, H, {n}]", "raw_error": raw}, runner_up="the slots as concatenated")
 
 
