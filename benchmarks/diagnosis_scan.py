@@ -12,6 +12,15 @@ is not counted wrong: no evidence can tell the two apart there.
 Prints one row per (mutant, draft): PASS (the mutant leaves that draft's capture as trained),
 the named kind, or CRASH (the engine failed on the draft: the suite reports that through its
 crash diagnosis); then the count of cells named wrongly. Exit status 1 if any is.
+
+Each row also prints the diagnosis' confidence (issue #31): its margin over the runner-up
+among the competing explanations, the runner-up, and "AMBIGUOUS" where the report says
+"ambiguous between"; a wrong kind printed without it is counted "confidently wrong".
+--heldout adds the mutants of harness.engines.heldout (outside every zoo class; each lists the
+kinds that are right for it); their batch- and acceptance-level bugs are judged the way
+suites/test_batch_invariance.py (diagnose_batch_leak on the pinned batch) and
+suites/test_acceptance.py (explain_shortfall, specforge-default only: ~15 s a cell) judge them,
+with the zoo's fc_on_recurrent_state and d2t_absolute as the acceptance controls.
 """
 
 from __future__ import annotations
@@ -25,16 +34,69 @@ from pathlib import Path
 
 import torch
 
-from harness.diagnosis.record import CAPTURE_KINDS, VALUE_KINDS
+from harness.acceptance import explain_shortfall, golden_traces
+from harness.assertions import batch_leaks, diagnose_batch_leak
+from harness.diagnosis.record import CAPTURE_KINDS, VALUE_KINDS, Diagnosis
+from harness.engines.base import EngineOptions
+from harness.engines.heldout import HELDOUT
 from harness.engines.reference import ReferenceEngine
 from harness.engines.zoo import MUTANTS
 from harness.golden.bundle import load_bundle
 from harness.golden.oracle import Oracle
-from harness.mutant_scan import bundle_drafts, factory_drafts, judge, same_capture
+from harness.mutant_scan import (
+    Served,
+    bundle_drafts,
+    confidence,
+    diagnosed,
+    factory_drafts,
+    same_capture,
+)
 from harness.paths import default_bundle_path
-from harness.tolerances import DTYPES
+from harness.tolerances import DTYPES, tolerance_for
 
 CONTROL = "reference"
+
+
+def _batch_cell(oracle: Oracle, cls: type[ReferenceEngine], served: Served, dtype: str) -> tuple[str, Diagnosis | None]:
+    """A batch-level bug judged as the batch-invariance check judges it on the pinned batch."""
+    engine = _engine(oracle, cls, served, dtype)
+    try:
+        batch = oracle.pinned_prompts
+        together = engine.capture(batch).features
+        solo = [engine.capture([p]).features[0] for p in batch]
+    finally:
+        engine.close()
+    golden = [oracle.features(p) for p in batch]
+    leaks = [batch_leaks(x, y, dtype=dtype, golden=g, envelope=None if tolerance_for(dtype).strict
+                         else oracle.envelope(p, dtype))[0]
+             for x, y, g, p in zip(together, solo, golden, batch, strict=True)]
+    if not any(leaks):
+        return "PASS", None
+    diag = diagnose_batch_leak(together, solo, golden, list(served.boundaries), dtype=dtype,
+                               engine_convention=engine.convention, config_ids=list(served.layer_ids),
+                               found=f"{sum(leaks)} tokens leak")
+    return diag.kind, diag
+
+
+def _acceptance_cell(oracle: Oracle, cls: type[ReferenceEngine], served: Served,
+                     dtype: str) -> tuple[str, Diagnosis | None]:
+    """An acceptance-level bug explained as the acceptance check explains a shortfall."""
+    spec = oracle.spec(served.name)
+    engine = cls(oracle.bundle.target_dir, served.folder,
+                 EngineOptions(dtype=dtype, num_draft_tokens=spec.num_draft_tokens,
+                               training_convention=served.convention))
+    try:
+        new_tokens = int(oracle.bundle.manifest["prompts"]["continuation_len"])
+        gen = engine.generate(oracle.pinned_prompts, new_tokens, True)
+        diag = explain_shortfall(engine, oracle, served.name, gen, golden_traces(oracle, served.name))
+    finally:
+        engine.close()
+    return diag.kind, diag
+
+
+def _engine(oracle: Oracle, cls: type[ReferenceEngine], served: Served, dtype: str) -> ReferenceEngine:
+    return cls(oracle.bundle.target_dir, served.folder,
+               EngineOptions(dtype=dtype, training_convention=served.convention))
 
 
 def main() -> int:
@@ -43,6 +105,8 @@ def main() -> int:
     ap.add_argument("--bundle", type=Path, default=default_bundle_path())
     ap.add_argument("--configs", action="store_true",
                     help="also the layer-id check's factory drafts (see the module docstring)")
+    ap.add_argument("--heldout", action="store_true",
+                    help="also the mutants of harness.engines.heldout (see the module docstring)")
     ap.add_argument("--mutant", action="append", help="only this mutant (repeatable)")
     ap.add_argument("--json", type=Path, help="write the rows here")
     args = ap.parse_args()
@@ -51,38 +115,61 @@ def main() -> int:
     keys = sorted(k for k, c in MUTANTS.items()
                   if getattr(c, "expected_diagnosis_kind", None) in CAPTURE_KINDS + VALUE_KINDS
                   and (not args.mutant or k in args.mutant))
+    held = sorted(k for k in HELDOUT if args.heldout and (not args.mutant or k in args.mutant))
     scratch = Path(tempfile.mkdtemp(prefix="diagnosis-scan-"))
     drafts = bundle_drafts(oracle) + (factory_drafts(oracle, scratch) if args.configs else [])
-    rows, wrong = [], 0
-    for key in [CONTROL, *keys]:
-        cls = ReferenceEngine if key == CONTROL else MUTANTS[key]
-        expected = "PASS" if key == CONTROL else cls.expected_diagnosis_kind
+    rows, wrong, confident = [], 0, 0
+    cells: list[tuple[str, type[ReferenceEngine], str, tuple[str, ...]]] = [
+        (CONTROL, ReferenceEngine, "capture", ("PASS",))]
+    cells += [(k, MUTANTS[k], "capture", (MUTANTS[k].expected_diagnosis_kind,)) for k in keys]
+    cells += [(k, HELDOUT[k], HELDOUT[k].shows_in, HELDOUT[k].acceptable) for k in held]
+    if held:  # the zoo bugs the acceptance-level separating experiments must still name
+        cells += [(k, MUTANTS[k], "acceptance", (k,)) for k in ("fc_on_recurrent_state", "d2t_absolute")]
+    for key, cls, shows_in, expected_kinds in cells:
+        expected = "/".join(expected_kinds)
         for served in drafts:
             draft = served.name
-            got = judge(oracle, cls, served, args.dtype)
+            if shows_in == "acceptance" and draft != "specforge-default":
+                continue
+            if shows_in == "capture":
+                got, diag, _ = diagnosed(oracle, cls, served, args.dtype)
+            elif shows_in == "batch":
+                got, diag = _batch_cell(oracle, cls, served, args.dtype)
+            else:
+                got, diag = _acceptance_cell(oracle, cls, served, args.dtype)
+            margin, runner_up, ambiguous = confidence(diag)
             # a mutant may leave a draft as trained (PASS) or crash it (the crash diagnosis'
             # business); the control must pass
             bad = (got != "PASS" if key == CONTROL
-                   else got not in (expected, "PASS") and not got.startswith("CRASH"))
+                   else got not in (*expected_kinds, "PASS") and not got.startswith("CRASH"))
             # named as another mutant whose capture of this draft is bit-identical: the
             # evidence cannot tell them apart, so the name is not wrong
-            twin = next((k for k in MUTANTS if bad and key != CONTROL and
+            twin = next((k for k in MUTANTS if bad and key != CONTROL and shows_in == "capture" and
                          MUTANTS[k].expected_diagnosis_kind == got and
                          same_capture(oracle, cls, MUTANTS[k], served, args.dtype)), None)
             bad = bad and twin is None
             wrong += bad
-            rows.append({"mutant": key, "draft": draft, "named": got, "expected": expected,
-                         "wrong": bad, "indistinguishable_from": twin})
-            note = (f"<-- expected {expected}" if bad else
+            confident += bad and not ambiguous
+            rows.append({"mutant": key, "heldout": key in HELDOUT, "shows_in": shows_in,
+                         "draft": draft, "named": got, "expected": expected, "wrong": bad,
+                         "confidently_wrong": bad and not ambiguous, "margin": margin,
+                         "runner_up": runner_up, "ambiguous": ambiguous,
+                         "indistinguishable_from": twin})
+            note = (f"<-- expected {expected}" + ("" if ambiguous else " (CONFIDENTLY WRONG)") if bad else
                     f"(captures exactly as zoo:{twin}, which expects {got})" if twin else "")
-            print(f"{key:30} {draft:22} {got:24} {note}", flush=True)
+            shown = "-" if margin is None else f"{margin:.3g}"
+            print(f"{key:28} {draft:18} {got:22} {shown:>8} {'AMBIGUOUS' if ambiguous else '':9} "
+                  f"{(runner_up or '-')[:48]:48} {note}", flush=True)
     failing = sum(r["named"] not in ("PASS",) and not r["named"].startswith("CRASH")
                   for r in rows if r["mutant"] != CONTROL)
-    print(f"{args.dtype}: {wrong} of {failing} failing (mutant, draft) cells named wrongly"
+    print(f"{args.dtype}: {wrong} of {failing} failing (mutant, draft) cells named wrongly, "
+          f"{confident} confidently wrong (a wrong kind printed without 'ambiguous'); "
+          f"{sum(r['ambiguous'] for r in rows)} ambiguous"
           f"{'' if rows[0]['named'] == 'PASS' else '; the control failed'}")
     shutil.rmtree(scratch, ignore_errors=True)
     if args.json:
-        args.json.write_text(json.dumps({"dtype": args.dtype, "rows": rows, "wrong": wrong}, indent=1) + "\n")
+        args.json.write_text(json.dumps({"dtype": args.dtype, "rows": rows, "wrong": wrong,
+                                         "confidently_wrong": confident}, indent=1) + "\n")
     return 1 if wrong else 0
 
 

@@ -17,6 +17,7 @@ import torch
 
 from harness.assertions import ConformanceFailure, assert_capture_matches_oracle
 from harness.boundaries import boundaries_to_ids, get_convention
+from harness.diagnosis.record import Diagnosis
 from harness.engines.base import EngineOptions
 from harness.engines.reference import ReferenceEngine
 from harness.golden.draft_factory import DraftFactory
@@ -81,12 +82,29 @@ def judge(oracle: Oracle, cls: type[ReferenceEngine], draft: Served, dtype: str)
 
 def named(oracle: Oracle, cls: type[ReferenceEngine], draft: Served, dtype: str) -> tuple[str, str]:
     """(`judge`'s answer, the failure's message: the evidence a test prints)."""
+    answer, _, message = diagnosed(oracle, cls, draft, dtype)
+    return answer, message
+
+
+def confidence(diag: Diagnosis | None) -> tuple[float | None, str | None, bool]:
+    """(the margin printed, the runner-up named, whether the diagnosis says it is ambiguous)
+    of a diagnosis (issue #31): a wrong kind is "confidently wrong" only when not ambiguous."""
+    if diag is None:
+        return None, None, False
+    comparison = diag.details.get("comparison") or {}
+    ambiguous = "ambiguous_with" in diag.details or "Ambiguous between" in diag.message
+    return diag.details.get("confidence_margin"), comparison.get("runner_up"), ambiguous
+
+
+def diagnosed(oracle: Oracle, cls: type[ReferenceEngine], draft: Served,
+              dtype: str) -> tuple[str, Diagnosis | None, str]:
+    """(`judge`'s answer, the failure's diagnosis where there is one, its message)."""
     engine = _engine(oracle, cls, draft, dtype)
     prompts = oracle.pinned_prompts
     try:
         features = engine.capture(prompts).features
     except RuntimeError as crash:
-        return f"CRASH: {str(crash).splitlines()[0][:80]}", str(crash)
+        return f"CRASH: {str(crash).splitlines()[0][:80]}", None, str(crash)
     try:
         assert_capture_matches_oracle(
             features=features, oracle=oracle, prompts=prompts, dtype=dtype, device="cpu",
@@ -95,5 +113,6 @@ def named(oracle: Oracle, cls: type[ReferenceEngine], draft: Served, dtype: str)
             check="mutant_scan", in_batch=True,
             alone=lambda some: [engine.capture([p]).features[0] for p in some])
     except ConformanceFailure as failure:
-        return (failure.diagnoses[0].kind if failure.diagnoses else "no diagnosis"), str(failure)
-    return "PASS", ""
+        diag = failure.diagnoses[0] if failure.diagnoses else None
+        return (diag.kind if diag is not None else "no diagnosis"), diag, str(failure)
+    return "PASS", None, ""

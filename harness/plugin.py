@@ -26,6 +26,7 @@ from hypothesis.errors import InvalidArgument
 
 from harness import distributed, profiles
 from harness.certificate import certificate_files
+from harness.diagnosis.record import failing_diagnoses
 from harness.options import (
     RUN_OPTIONS,
     OptionError,
@@ -325,7 +326,10 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     message = ""
     if call.excinfo is not None:
         message = exception_message(call.excinfo)
-        for d in getattr(root_failure(call.excinfo.value)[0], "diagnoses", None) or ():
+        # a failed check never carries kind "ok" (harness.diagnosis.record.failing_diagnoses),
+        # whichever way its ConformanceFailure was raised
+        for d in failing_diagnoses(getattr(root_failure(call.excinfo.value)[0], "diagnoses", None)
+                                   or (), message):
             as_json = record.add_diagnosis(d)
             # junit.xml carries them too, as <property name="diagnosis">
             item.user_properties.append(("diagnosis",

@@ -98,6 +98,8 @@ def render_markdown(report: dict[str, Any]) -> str:
                 out += ["", f"- **{d.get('kind')}**: {d.get('message')}"]
                 if fix is not None:
                     out.append(f"  - suggested layer ids: `{fix}`")
+                if d.get("addressee"):
+                    out.append(f"  - addressed to: {d['addressee']}")
     return "\n".join(out) + "\n"
 
 

@@ -7,8 +7,7 @@ from __future__ import annotations
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from harness.assertions import batch_leaks, divergence, fail, require
-from harness.diagnosis.capture import diagnose_capture
+from harness.assertions import batch_leaks, diagnose_batch_leak, divergence, fail, require
 from harness.diagnosis.record import Diagnosis
 from harness.engines.base import Capability, Engine
 from harness.finite import assert_finite
@@ -49,19 +48,17 @@ def test_capture_batch_invariant(engine: Engine, oracle: Oracle, draft_name: str
         # the evidence for the cause: every member of the batch captured alone and in it
         together = engine.capture(batch).features
         solo = [engine.capture([p]).features[0] for p in batch]
-        golden = [oracle.features(p) for p in batch]
-        diag = diagnose_capture(together, golden, spec.boundaries, engine_convention=engine.convention,
-                                config_ids=spec.layer_ids, rtol=tol.rtol, separation=tol.separation,
-                                alone=solo)
-        if diag.kind == "ok":  # the batch matches training: it is the solo capture that is off
-            diag = diagnose_capture(solo, golden, spec.boundaries, engine_convention=engine.convention,
-                                    config_ids=spec.layer_ids, rtol=tol.rtol, separation=tol.separation)
         found = (f"{tuple(inside.shape)} draft features inside the batch, {tuple(alone.shape)} alone"
                  if inside.shape != alone.shape else
                  f"{bad}/{total} tokens off, worst relative error {worst:.3g} (tolerance {bound})")
+        diag = diagnose_batch_leak(together, solo, [oracle.features(p) for p in batch],
+                                   spec.boundaries, dtype=dtype, engine_convention=engine.convention,
+                                   config_ids=spec.layer_ids, found=found)
         fail(f"probe prompt {probe} gets different draft features at batch position "
              f"{shape.position} of {shape.size} (companion lengths {list(shape.companion_lengths)}): "
-             f"{found}; the engine's padding/packing leaks into the aux states. {diag.message}",
+             f"{found}" + ("; the engine's padding/packing leaks into the aux states"
+                           if diag.kind in ("batch_dependent", "request_mixed") else "")
+             + f". {diag.message}",
              draft=draft_name, engine_name=engine.name, prompts=batch, diagnoses=[diag])
 
 

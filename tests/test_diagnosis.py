@@ -328,12 +328,18 @@ def test_crash_diagnosis_of_an_unrelated_error() -> None:
 
 def test_offset_past_a_kept_embedding(golden):
     """An engine that honours "-1 = embedding" but reads every other id one boundary early:
-    one cause, not "unknown"."""
+    one cause, not "unknown". The config's ids [-1, 3, 5] already mean training's boundaries in
+    the convention the engine declares, so the remedy is the engine's capture, addressed to its
+    vendor, not "set the ids" the config already holds (issue #31, item 3). Those boundaries are
+    also that convention's defaults: ids ignored fits as well, and the report says so."""
     d = diagnose_capture(_engine(golden, [0, 3, 5]), golden, EMBED_FIRST, engine_convention="embedding-minus-one",
                          config_ids=[-1, 3, 5])
-    assert d.kind == "offset" and d.offset == -1 and d.suggested_layer_ids == [-1, 3, 5]
+    assert d.kind == "offset" and d.offset == -1 and d.suggested_layer_ids is None
     assert "every slot but the embedding is 1 boundary earlier" in d.message
     assert "embedding is lost" not in d.message
+    assert d.to_json()["addressee"] == "engine vendor"
+    assert "its hook reads the layer's input, not its output" in d.message, d.message
+    assert d.details["ambiguous_with"] == "ids_ignored", d.details.get("comparison")
 
 
 def test_offset_stopped_at_the_final_boundary(golden):

@@ -18,6 +18,7 @@ from harness.assertions.capture import (
     assert_capture_matches,
     assert_capture_matches_oracle,
     batch_leaks,
+    diagnose_batch_leak,
 )
 from harness.assertions.decode import assert_decode_inputs_match, assert_history_independent
 from harness.assertions.fc import (
@@ -32,4 +33,4 @@ from harness.assertions.layer_ids import assert_convention_as_declared, assert_f
 from harness.assertions.throughput import assert_speedup_consistent
 from harness.report import ConformanceFailure
 
-__all__ = ['ConformanceFailure', 'FcVerdict', 'assert_canary_accepts', 'canary_line', 'assert_capture_matches', 'assert_capture_matches_oracle', 'assert_convention_as_declared', 'assert_decode_inputs_match', 'assert_fc_matches', 'assert_fix_holds', 'assert_history_independent', 'assert_speedup_consistent', 'batch_leaks', 'crash_failure', 'divergence', 'fail', 'failure', 'fc_allowances', 'judge_fc', 'near_tie_bound', 'require', 'worst_tokens']
+__all__ = ['ConformanceFailure', 'FcVerdict', 'assert_canary_accepts', 'canary_line', 'assert_capture_matches', 'assert_capture_matches_oracle', 'assert_convention_as_declared', 'assert_decode_inputs_match', 'assert_fc_matches', 'assert_fix_holds', 'assert_history_independent', 'assert_speedup_consistent', 'batch_leaks', 'diagnose_batch_leak', 'crash_failure', 'divergence', 'fail', 'failure', 'fc_allowances', 'judge_fc', 'near_tie_bound', 'require', 'worst_tokens']

@@ -13,7 +13,7 @@ import torch
 
 from harness.diagnosis.crash import crash_diagnosis
 from harness.diagnosis.fingerprint import relative_errors
-from harness.diagnosis.record import Diagnosis
+from harness.diagnosis.record import Diagnosis, failing_diagnoses
 from harness.engines.base import Capability, Engine
 from harness.report import ConformanceFailure
 
@@ -63,9 +63,11 @@ def reproducer(engine_name: str | None, draft: str, prompts: Sequence[Sequence[i
 def failure(message: str, *, draft: str, engine_name: str | None = None,
             prompts: Sequence[Sequence[int]] | None = None, diagnoses: Sequence[Diagnosis] = (),
             check: str | None = None) -> ConformanceFailure:
-    """A check's failure: `message`, then the reproducer; `diagnoses` go to report.json."""
-    return ConformanceFailure(f"{message}\n{reproducer(engine_name, draft, prompts, check)}",
-                              list(diagnoses))
+    """A check's failure: `message`, then the reproducer; `diagnoses` go to report.json. A
+    diagnosis of kind `ok` on a failure becomes `unrecognised` with this failure's evidence and
+    reproducer (`harness.diagnosis.record.unexplained`): a failed check never says "ok"."""
+    again = reproducer(engine_name, draft, prompts, check)
+    return ConformanceFailure(f"{message}\n{again}", failing_diagnoses(diagnoses, message, again))
 
 
 def fail(message: str, *, draft: str, engine_name: str | None = None,

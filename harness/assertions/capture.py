@@ -16,7 +16,7 @@ from harness.diagnosis.capture import diagnose_capture
 from harness.diagnosis.evidence import seen_per_slot
 from harness.diagnosis.fingerprint import relative_errors
 from harness.diagnosis.identity import WRONG, classify_capture, classify_tokens, noise_allowance
-from harness.diagnosis.record import Diagnosis
+from harness.diagnosis.record import Diagnosis, unexplained
 from harness.finite import assert_finite
 from harness.golden.envelope import Envelope
 from harness.golden.features import TargetFeatures
@@ -191,3 +191,37 @@ def batch_leaks(inside: torch.Tensor, alone: torch.Tensor, *, dtype: str,
         leak |= beyond & torch.tensor([c == WRONG for c in tc.classes])
     return int(leak.sum()), inside.shape[0], worst, tolerance_text(dtype, golden.num_layers)
 
+
+
+def diagnose_batch_leak(together: Sequence[torch.Tensor], solo: Sequence[torch.Tensor],
+                        golden: Sequence[TargetFeatures], training_boundaries: Sequence[int], *,
+                        dtype: str, engine_convention: str | None, config_ids: Sequence[int],
+                        found: str) -> Diagnosis:
+    """The cause of a failed batch-invariance check: every member of the batch captured in it
+    (`together`) and alone (`solo`), against training. The batch capture first (solo captures
+    as the batch evidence), then, where the batch matches training, the solo captures (then it
+    is the prompt alone that is off). Where both match training within the diagnosis'
+    tolerance yet differ from each other beyond the check's bound (`found`: the check's own
+    figures), no cause fits: `unrecognised` with the per-prompt gap between the two captures as
+    the raw evidence, never `ok` on a failed check (issue #31, item 4)."""
+    tol = tolerance_for(dtype)
+    diagnose = partial(diagnose_capture, golden=golden, training_boundaries=training_boundaries,
+                       engine_convention=engine_convention, config_ids=config_ids,
+                       rtol=tol.rtol, separation=tol.separation)
+    diag = diagnose(together, alone=solo)
+    if diag.kind == "ok":
+        diag = diagnose(solo)
+    if diag.kind != "ok":
+        return diag
+    gaps = [{"prompt": i, "tokens": int(x.shape[0]),
+             "worst_rel_error_batch_vs_alone": float(relative_errors(x.float(), y.float()).max())
+             if x.shape == y.shape and x.shape[0] else None,
+             "shapes": [list(x.shape), list(y.shape)]}
+            for i, (x, y) in enumerate(zip(together, solo, strict=True))]
+    shown = "; ".join(f"prompt {g['prompt']}: {g['worst_rel_error_batch_vs_alone']:.3g}"
+                      for g in gaps if g["worst_rel_error_batch_vs_alone"] is not None)
+    return unexplained(diag, f"{found}; the batch and the solo captures are each within "
+                             f"{tol.rtol:g} of the training boundaries {list(training_boundaries)} "
+                             f"but differ from each other (worst relative error per prompt, batch "
+                             f"against alone: {shown}): a batch-size-dependent numeric path no "
+                             f"known cause describes", evidence={"batch_vs_alone": gaps})

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from harness.diagnosis.record import Diagnosis
+from harness.diagnosis.record import Diagnosis, unexplained
 from harness.report import ConformanceFailure
 
 
@@ -20,11 +20,13 @@ def assert_convention_as_declared(declared: str, layout: str, observations: Sequ
     wrong = disagreements(declared, observations)
     if wrong:
         seen = infer_layout(observations)
-        raise ConformanceFailure(
-            f"{layout} configs: the engine does not apply the layer-id rule {declared} states "
-            f"on {len(wrong)} of {len(observations)} list(s): {'; '.join(wrong)}. Observed rule: "
-            f"{seen['rule']}, slots in {seen['slot_order']}. " + " ".join(
-                d.message for d in diagnoses if d.kind != "ok")[:2000], list(diagnoses))
+        text = (f"{layout} configs: the engine does not apply the layer-id rule {declared} states "
+                f"on {len(wrong)} of {len(observations)} list(s): {'; '.join(wrong)}. Observed rule: "
+                f"{seen['rule']}, slots in {seen['slot_order']}. ")
+        # a list captured as trained explains nothing of the disagreement: it is dropped, and
+        # where no other diagnosis is left the failure is unrecognised with its own evidence
+        causes = [d for d in diagnoses if d.kind != "ok"] or [unexplained(None, text)]
+        raise ConformanceFailure(text + " ".join(d.message for d in causes)[:2000], causes)
 
 
 def assert_fix_holds(result: str, holds: bool, diagnoses: Sequence[Diagnosis] = ()) -> None:

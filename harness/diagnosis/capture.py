@@ -22,6 +22,7 @@ from harness.boundaries import (
     ids_to_boundaries,
     short_boundary,
 )
+from harness.diagnosis.compare import AMBIGUOUS_MARGIN, Comparison, compare, slot_errors
 from harness.diagnosis.evidence import (
     batch_dependence,
     explain,
@@ -106,7 +107,11 @@ def _classify(slots: list[SlotMatch], train: list[int], n: int) -> tuple[str, in
         # are one-boundary rules; a larger "shift" that leaves an endpoint in place (every slot
         # holding boundary N: [1, 8] -> [8, 8]) is slots sharing one buffer, not a convention
         inner = {f - t for f, t in zip(ints, train, strict=True) if not (f == t and t in (0, n))}
-        if len(inner) == 1 and next(iter(inner)) in (-1, 1):
+        kept_final = any(f == t == n for f, t in zip(ints, train, strict=True))
+        # a -1 moves the last layer's output to N-1 like every other boundary: an engine that
+        # reads ids one early has no reason to keep b = N (issue #31: [1, N] held as [0, N] is a
+        # fault at boundary 1 alone, not "offset -1")
+        if len(inner) == 1 and next(iter(inner)) in (-1, 1) and not (kept_final and -1 in inner):
             return "offset", inner.pop(), first_bad
     aliased = _aliased(slots)
     if aliased is not None:
@@ -178,6 +183,10 @@ _ENGINE_BUGS = ("final_boundary_normed", "residual_missing", "stale_or_skipped",
                 *_FITTED)
 # causes read off per-slot labels that no fitted model can overturn
 _LABELLED = ("ok", "final_boundary_normed", "residual_missing", "offset", "order_permuted")
+# causes whose confidence is their margin over the competing explanations of
+# harness.diagnosis.compare (the fitted causes carry their own fit-against-raw margin)
+_COMPARED = ("offset", "embedding_missing", "order_permuted", "final_boundary_normed",
+             "final_boundary_missing", "residual_missing", "slots_aliased", "ids_ignored")
 
 
 def _ignored_ids(found: list[Label], train: list[int], n: int,
@@ -286,30 +295,53 @@ def diagnose_capture(
 
     suggested: list[int] | None = None
     fix = ""
+    addressee: str | None = ENGINE_VENDOR
     if kind == "ok":
-        fix = "The engine hands the draft exactly the boundaries training used."
-    elif kind in _ENGINE_BUGS:
+        fix, addressee = "The engine hands the draft exactly the boundaries training used.", None
+    elif kind in _ENGINE_BUGS or kind == "unrecognised":
         fix = "This is an engine bug, not a config problem; no id list fixes it."
     elif conv is None:
         fix = "Name the engine's convention to get the id list that fixes this."
+        addressee = UNDETERMINED
     else:
         try:
             suggested = list(boundaries_to_ids(train, conv, n))
-            fix = f"Set eagle_aux_hidden_state_layer_ids to {suggested} for {conv_name}."
+            fix, addressee = f"Set eagle_aux_hidden_state_layer_ids to {suggested} for {conv_name}.", DRAFT_OWNER
             if kind == "ids_ignored":
                 fix = (f"The engine must read the ids: put eagle_aux_hidden_state_layer_ids: "
                        f"{suggested} where {conv_name} reads it (for vLLM's V2 runner, at the top "
                        f"level of the draft config).")
+            elif config_ids is not None and suggested == [int(i) for i in config_ids]:
+                # the config already says training's boundaries in the engine's own declared
+                # convention: setting "the right ids" changes nothing; the engine's capture
+                # does not do what it declares (issue #31, item 3)
+                fix, suggested = _capture_fault(kind, offset, found, train, conv, list(config_ids)), None
+                addressee = ENGINE_VENDOR
         except LayerIdError as err:
             fix = f"{err}."
+    fix = f"{_TO[addressee]}{fix}" if addressee else fix
 
-    details: dict = {"rtol": rtol, "separation": separation, "num_prompts": len(features),
+    details: dict = {"addressee": addressee,
+                     "rtol": rtol, "separation": separation, "num_prompts": len(features),
                      "engine_slots": len(slots), "training_slots": len(train),
                      "slot_boundary_errors": [s.boundary_errors for s in slots]}
     message = _message(kind, offset, at, slots, train, n, consistent, config_ids)
     if finding is not None:
         details.update(evidence=finding.data, confidence_margin=finding.margin)
         message += f" Evidence: {finding.seen}."
+        if finding.runner_up is not None:
+            details["comparison"] = {"winner": kind, "runner_up": finding.runner_up,
+                                     "margin": finding.margin,
+                                     "ambiguous": finding.margin < AMBIGUOUS_MARGIN,
+                                     "experiment": finding.experiment}
+        if finding.runner_up is not None and finding.margin < AMBIGUOUS_MARGIN:
+            details["ambiguous_with"] = finding.runner_up
+            message = message.replace("root cause:", "likeliest cause, not separated from "
+                                      f"{finding.runner_up}:", 1)
+            message += (f" Ambiguous between {kind} and {finding.runner_up} (margin "
+                        f"{finding.margin:.3g}: the evidence fits both); the experiment that "
+                        f"separates them: {finding.experiment}.")
+            fix = f"If it is {kind}: {fix}"
     elif kind == "unrecognised":
         seen = seen_per_slot(features, golden, train, rtol)
         details.update(seen=seen, confidence_margin=0.0)
@@ -320,7 +352,20 @@ def diagnose_capture(
             for d in seen) + "."
     elif kind != "ok":
         details["confidence_margin"] = fit()[0]
-    if "confidence_margin" in details and kind != "ok":
+    comparison: Comparison | None = None
+    if finding is None and kind in _COMPARED:
+        comparison = compare(kind, offset, slot_errors(features, golden, train), found, train, n,
+                             floor=rtol, engine_convention=conv_name)
+    if comparison is not None:
+        details.update(confidence_margin=comparison.margin, comparison=comparison.to_json())
+        if comparison.ambiguous:
+            assert comparison.runner_up is not None
+            details["ambiguous_with"] = comparison.runner_up.name
+            message = message.replace("root cause:", "likeliest cause, not separated from "
+                                      f"{comparison.runner_up.name}:", 1)
+            fix = f"If it is {comparison.winner.name}: {fix}"
+        message += comparison.sentence()
+    elif "confidence_margin" in details and kind != "ok" and "ambiguous_with" not in details:
         m = details["confidence_margin"]
         message += (" Confidence margin: none, no explanation fits." if m == 0 else
                     f" Confidence margin: the nearest competing explanation fits {m:.3g}x worse.")
@@ -328,6 +373,32 @@ def diagnose_capture(
     return Diagnosis(kind=kind, message=message, engine_boundaries=found, training_boundaries=train,
                      suggested_layer_ids=suggested, slots=slots, engine_convention=conv_name,
                      consistent_conventions=consistent, num_layers=n, offset=offset, details=details)
+
+
+ENGINE_VENDOR = "engine vendor"
+DRAFT_OWNER = "draft owner"
+UNDETERMINED = "undetermined"
+_TO = {ENGINE_VENDOR: "For the engine vendor: ", DRAFT_OWNER: "For the draft owner: ",
+       UNDETERMINED: "For the engine vendor or the draft owner: "}
+
+
+def _capture_fault(kind: str, offset: int | None, found: list[Label], train: list[int],
+                   conv: Convention, config_ids: list[int]) -> str:
+    """What an engine does that captures other boundaries than the convention it declares
+    says its config's ids mean: the fault is its capture, and the sentence says where."""
+    head = (f"the engine declares {conv.name} ({conv.description}); under it the config's ids "
+            f"{config_ids} already mean training's boundaries {train}, yet it captures {found}")
+    if kind == "offset" and offset is not None:
+        where = {1: "its hook reads the layer's output, not its input",
+                 -1: "its hook reads the layer's input, not its output (one layer early)"}.get(
+            offset, f"its hook sits {abs(offset)} layers {'later' if offset > 0 else 'earlier'} "
+                    "than its convention says")
+        return (f"{head[0].upper()}{head[1:]}: it captures boundary b{offset:+d} for the id that "
+                f"means b: {where}. The fault is in the engine's capture, not in the config: "
+                "move the hook so that id k captures what the declared convention says (or "
+                "declare the convention the engine implements).")
+    return (f"{head[0].upper()}{head[1:]}. The fault is in the engine's capture, not in the "
+            f"config: no id change is needed for a draft that already states them in {conv.name}.")
 
 
 def _message(kind: str, offset: int | None, at: int | None, slots: list[SlotMatch],

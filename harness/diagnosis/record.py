@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -102,6 +103,58 @@ class Diagnosis:
             "consistent_conventions": list(self.consistent_conventions),
             "num_layers": self.num_layers,
             "offset": self.offset,
+            # who the remedy is for ("engine vendor", "draft owner"): issue #31, item 3
+            "addressee": self.details.get("addressee"),
             "slots": [s.to_json() for s in self.slots],
             "details": dict(self.details),
         }
+
+
+def unexplained(diag: Diagnosis | None, failure_text: str, *, reproducer: str | None = None,
+                evidence: dict[str, Any] | None = None) -> Diagnosis:
+    """The diagnosis of a check that FAILED while the evidence its diagnosis read matched
+    training (kind `ok`), or that had no diagnosis at all: `unrecognised`, with the failure's
+    own raw evidence and the reproducer. Never `ok` on a failed check (issue #31, item 4): an
+    "ok" there would tell the vendor the wiring is right while the check says it is not, and a
+    known kind would be a cause chosen by elimination. `diag`'s slots, boundaries and details
+    are kept (what the diagnosis read); what it concluded goes to details.read_as."""
+    text = failure_text.strip()
+    read = ("" if diag is None else
+            f" The diagnosis read the evidence as {diag.kind!r} ({diag.message.split(' Confidence')[0]}),"
+            " which does not explain this failure.")
+    message = (f"root cause: unrecognised — the check failed and no known cause fits the evidence."
+               f"{read} Raw evidence: {text.splitlines()[0] if text else '(none)'}"
+               + (f" {reproducer}" if reproducer else "") + " Confidence margin: none, no explanation fits.")
+    details: dict[str, Any] = {**(diag.details if diag is not None else {}),
+                               "raw_evidence": text, "confidence_margin": 0.0,
+                               "addressee": "engine vendor"}
+    if evidence:
+        details["evidence"] = evidence
+    if reproducer:
+        details["reproducer"] = reproducer
+    if diag is not None:
+        details["read_as"] = {"kind": diag.kind, "message": diag.message}
+    return Diagnosis(kind="unrecognised", message=message,
+                     engine_boundaries=[] if diag is None else list(diag.engine_boundaries),
+                     training_boundaries=[] if diag is None else list(diag.training_boundaries),
+                     suggested_layer_ids=None, slots=[] if diag is None else list(diag.slots),
+                     engine_convention=None if diag is None else diag.engine_convention,
+                     num_layers=None if diag is None else diag.num_layers, details=details)
+
+
+def failing_diagnoses(diagnoses: Sequence[Any], failure_text: str,
+                      reproducer: str | None = None) -> list[Any]:
+    """A failed check's diagnoses with every `ok` among them replaced by `unexplained` (objects
+    with a `kind` attribute; anything else, e.g. a plain dict, passes through unless its "kind"
+    is "ok")."""
+    out: list[Any] = []
+    for d in diagnoses:
+        kind = d.get("kind") if isinstance(d, dict) else getattr(d, "kind", None)
+        if kind != "ok":
+            out.append(d)
+        elif isinstance(d, Diagnosis):
+            out.append(unexplained(d, failure_text, reproducer=reproducer))
+        else:
+            out.append(unexplained(None, failure_text, reproducer=reproducer,
+                                   evidence={"read_as": dict(d) if isinstance(d, dict) else repr(d)}))
+    return out
