@@ -26,7 +26,7 @@ from harness.paths import default_bundle_path
 ROOT = Path(__file__).resolve().parents[1]
 CHECKS = "test_acceptance_meets_training_prediction or test_canary_acceptance"
 PREDICTION = "test_acceptance_meets_training_prediction"
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.slow(reason="runs the acceptance suite in bf16 in a subprocess, per engine (~45 s a test)")
 
 
 @cache

@@ -30,6 +30,7 @@ CHECKS = "draft_config or capture_pinned or fc_output or speculators-top-level"
 TOP_LEVEL_CHECKS = 2
 
 
+@pytest.mark.slow(reason="runs the suite against the template in a subprocess (~15 s)")
 def test_the_suite_runs_the_template_by_dotted_path(tmp_path: Path) -> None:
     out = tmp_path / "report"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}

@@ -44,6 +44,7 @@ def _status(report: dict[str, Any], check: str) -> dict[str, Any]:
     return next(c for c in report["checks"] if check in c["id"])
 
 
+@pytest.mark.slow(reason="runs the suite in a subprocess against an engine that hangs or dies, waiting out its deadline (10-45 s)")
 @pytest.mark.parametrize("adapter, kind, needle", [
     ("zoo:aux_buffer_unwritten", "non_finite", "NaN/Inf in the aux features"),
     ("zoo:capture_hangs", "hang", "capture did not return within"),
@@ -72,6 +73,7 @@ def test_misbehaving_engine_is_a_finding(adapter: str, kind: str | None, needle:
         assert fc["status"] == "skipped" and "hung earlier" in fc["message"], fc
 
 
+@pytest.mark.slow(reason="runs the suite in a subprocess against an engine that hangs or dies, waiting out its deadline (10-45 s)")
 def test_ctrl_c_mid_check_is_no_verdict(smoke_bundle: Path, tmp_path: Path) -> None:
     out = seed_stale_report(tmp_path / "out")
     # full deadlines: the interrupt, not a deadline, must end the capture (at a hundredth of
@@ -86,6 +88,7 @@ def test_ctrl_c_mid_check_is_no_verdict(smoke_bundle: Path, tmp_path: Path) -> N
     assert_no_report(out)
 
 
+@pytest.mark.slow(reason="runs the suite in a subprocess against an engine that hangs or dies, waiting out its deadline (10-45 s)")
 def test_k_matching_nothing_is_bad_input(smoke_bundle: Path, tmp_path: Path) -> None:
     out = seed_stale_report(tmp_path / "out")
     run = _run("reference", smoke_bundle, out, k="no_check_is_called_this")
@@ -94,6 +97,7 @@ def test_k_matching_nothing_is_bad_input(smoke_bundle: Path, tmp_path: Path) -> 
     assert_no_report(out)
 
 
+@pytest.mark.slow(reason="runs the suite in a subprocess against an engine that hangs or dies, waiting out its deadline (10-45 s)")
 def test_a_hang_in_the_decode_input_recording_is_a_finding(smoke_bundle: Path, tmp_path: Path) -> None:
     """decode_inputs runs the engine too: unbounded, zoo:capture_hangs blocked the selftest's
     decode-input check for good (measured: over 30 min, until killed)."""
@@ -105,6 +109,7 @@ def test_a_hang_in_the_decode_input_recording_is_a_finding(smoke_bundle: Path, t
     assert [d["kind"] for d in decode["diagnoses"]] == ["hang"], decode
 
 
+@pytest.mark.slow(reason="runs the suite in a subprocess against an engine that hangs or dies, waiting out its deadline (10-45 s)")
 def test_no_layer_id_config_is_started_after_a_hang(smoke_bundle: Path, tmp_path: Path) -> None:
     """Each config served after a hang would wait out its own start-up and capture deadlines:
     zoo:capture_hangs' layer-id checks took an hour at a quarter of the deadlines. The first

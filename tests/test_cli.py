@@ -154,6 +154,7 @@ def test_run_prints_the_verdict_line(tmp_path: Path) -> None:
         assert (tmp_path / "out" / name).is_file()
 
 
+@pytest.mark.slow(reason="runs the self-test on mutants, one suite run each (25-45 s)")
 def test_selftest_contract_on_two_mutants(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """selftest.json as DESIGN.md promises it, on a cheap slice (the pinned-prompt capture
     check): both mutants caught, each diagnosed as its own bug class; the two runs side by
@@ -175,6 +176,7 @@ def test_selftest_contract_on_two_mutants(tmp_path: Path, capsys: pytest.Capture
         assert cause in row["diagnosis"], row["diagnosis"]
 
 
+@pytest.mark.slow(reason="runs the self-test on mutants, one suite run each (25-45 s)")
 def test_selftest_counts_a_drawn_ids_mutant_only_when_the_layer_id_check_fails(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """zoo:slots_sorted is exact on every bundle draft: the fixed-draft capture check passes it,

@@ -139,7 +139,7 @@ def test_console_script_shares_the_exit_guard() -> None:
     assert source.rstrip().endswith('if __name__ == "__main__":\n    entry()')
 
 
-@pytest.mark.slow
+@pytest.mark.slow(reason="runs the throughput checks under pytest-xdist in a subprocess (~20 s)")
 def test_throughput_under_xdist_is_skipped_with_the_reason_never_passed(tmp_path: Path) -> None:
     """Slow (~1 min on 2 cores): two xdist workers each start torch and the engine. Under -n,
     pytest-benchmark times nothing, and the gate's timings would share cores with the other

@@ -48,6 +48,7 @@ def _run(tmp: Path, name: str, *extra: str) -> dict:
     return json.loads((out / "report.json").read_text())
 
 
+@pytest.mark.slow(reason="runs the suite twice, serially and under pytest-xdist (~50 s)")
 def test_two_workers_give_the_serial_verdict_and_one_report(tmp_path: Path) -> None:
     """A mutant, so that failures and diagnoses have to travel from the workers."""
     pytest.importorskip("xdist", reason="pytest-xdist is not installed (the dev extra has it)")

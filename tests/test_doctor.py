@@ -268,7 +268,7 @@ def _seed(tmp_path: Path) -> Path:
     return _draft(tmp_path, "embed-first", [1, 3, 5])
 
 
-@pytest.mark.slow
+@pytest.mark.slow(reason="a whole doctor run: weight inference over generated texts and an engine served and re-served (10-80 s)")
 def test_the_seed_case_without_options_is_miswired_naming_the_embedding(tmp_path: Path, capsys) -> None:
     """Only --target and --draft: the doctor samples its own text, and one round of 24 texts
     rules out what the engine feeds ([2, 4, 6]) against the weights' best [0, 4, 6] (measured:
@@ -283,7 +283,7 @@ def test_the_seed_case_without_options_is_miswired_naming_the_embedding(tmp_path
     assert doc["fix_verified"] and "fix verified: ids [-1, 3, 5]" in text
 
 
-@pytest.mark.slow
+@pytest.mark.slow(reason="a whole doctor run: weight inference over generated texts and an engine served and re-served (10-80 s)")
 def test_the_seed_case_told_specforge_is_not_conformant(tmp_path: Path, capsys) -> None:
     """Following the old advice (--convention specforge, under which the config's [1, 3, 5]
     mean [2, 4, 6], exactly what the engine feeds): an ASSUMPTION, contradicted by the weights,
@@ -320,7 +320,7 @@ def _language_file(tmp_path: Path, count: int = 96) -> Path:
     return path
 
 
-@pytest.mark.slow
+@pytest.mark.slow(reason="a whole doctor run: weight inference over generated texts and an engine served and re-served (10-80 s)")
 @pytest.mark.parametrize("prompts", ["heldout-24", "language-96"])
 def test_the_seed_case_with_prompts_is_right_or_cannot_tell(tmp_path: Path, capsys, prompts: str) -> None:
     """With the README's 24 held-out prompts (the run that used to print "conformant") and
@@ -333,7 +333,7 @@ def test_the_seed_case_with_prompts_is_right_or_cannot_tell(tmp_path: Path, caps
         assert report["doctor"]["trained_boundaries"][0] == 0 and "the embedding" in text
 
 
-@pytest.mark.slow
+@pytest.mark.slow(reason="a whole doctor run: weight inference over generated texts and an engine served and re-served (10-80 s)")
 def test_the_seed_draft_configured_right_is_wired_as_trained(tmp_path: Path, capsys) -> None:
     """The same draft with its config as trained ([-1, 3, 5], "-1 = embedding"): wired as
     trained, with no option but --target and --draft (measured: decided in the second round of
@@ -344,7 +344,7 @@ def test_the_seed_draft_configured_right_is_wired_as_trained(tmp_path: Path, cap
     assert report["doctor"]["fed_boundaries"] == [0, 4, 6] == report["doctor"]["trained_boundaries"]
 
 
-@pytest.mark.slow
+@pytest.mark.slow(reason="a whole doctor run: weight inference over generated texts and an engine served and re-served (10-80 s)")
 def test_shifted_ids_are_named_and_fixed(tmp_path: Path, capsys) -> None:
     """specforge-default trained on [2, 4, 5] (SpecForge ids [1, 3, 4]); the config says
     [2, 4, 5]: the engine feeds [3, 5, 6], the weights rule it out, the fix [1, 3, 4] is
@@ -423,7 +423,7 @@ def _outcome(draft_dir: Path, convention: str | None, prompts, feats, inference,
     return fed, decide(inference, fed, 8, versus, "more text")
 
 
-@pytest.mark.slow
+@pytest.mark.slow(reason="a whole doctor run: weight inference over generated texts and an engine served and re-served (10-80 s)")
 @pytest.mark.parametrize("text", ["sampled", "heldout-24"])
 def test_the_seed_case_under_every_convention_is_never_conformant(tmp_path: Path, text: str) -> None:
     """--convention of every kind, on the doctor's own evidence and on the 24 held-out prompts
@@ -447,7 +447,7 @@ def test_the_seed_case_under_every_convention_is_never_conformant(tmp_path: Path
     assert {tuple(fed) for fed, _ in seen.values() if fed} == {(2, 4, 6), (1, 3, 5)}, seen
 
 
-@pytest.mark.slow
+@pytest.mark.slow(reason="a whole doctor run: weight inference over generated texts and an engine served and re-served (10-80 s)")
 def test_every_bundle_draft_shifted_by_one_is_never_conformant(tmp_path: Path) -> None:
     """Each bundle draft with its config ids shifted by +1 and -1 (the reference engine reads
     them as SpecForge, or "-1 = embedding" where -1 remains): fed one boundary off on some
@@ -480,7 +480,7 @@ def test_every_bundle_draft_shifted_by_one_is_never_conformant(tmp_path: Path) -
 # -- reduced precision, and the real vLLM -----------------------------------------------------
 
 
-@pytest.mark.slow
+@pytest.mark.slow(reason="a whole doctor run: weight inference over generated texts and an engine served and re-served (10-80 s)")
 def test_bf16_engine_fed_as_trained_is_wired(tmp_path: Path, capsys) -> None:
     """The doctor judges reduced precision as the suite does, against the target's own noise
     floor in that dtype: a bf16 engine feeding exactly the trained boundaries is wired as
@@ -489,7 +489,7 @@ def test_bf16_engine_fed_as_trained_is_wired(tmp_path: Path, capsys) -> None:
     assert code == 0 and "diagnosis: ok" in text and "at bfloat16" in text, text
 
 
-@pytest.mark.slow
+@pytest.mark.slow(reason="a whole doctor run: weight inference over generated texts and an engine served and re-served (10-80 s)")
 def test_bf16_fix_is_verified_at_the_noise_floor(tmp_path: Path, capsys) -> None:
     """The re-served fix is read in bf16 as the capture is: specforge-default's config shifted
     to [2, 4, 5] is fed [3, 5, 6] in bf16; the fix [1, 3, 4] must come out verified."""
@@ -501,8 +501,9 @@ def test_bf16_fix_is_verified_at_the_noise_floor(tmp_path: Path, capsys) -> None
     assert doc["fix_verified"] and "fix verified: ids [1, 3, 4]" in text, text
 
 
+@pytest.mark.slow(reason="a whole doctor run: weight inference over generated texts and an engine served and re-served (10-80 s)")
 @pytest.mark.engine
-@pytest.mark.slow
+@pytest.mark.slow(reason="a whole doctor run: weight inference over generated texts and an engine served and re-served (10-80 s)")
 def test_doctor_on_real_vllm_names_the_offset_and_verifies_the_fix(tmp_path: Path, capsys) -> None:
     """The motivating user's situation on a real engine: a SpecForge draft (ids [1, 3, 4],
     trained on boundaries [2, 4, 5]) served by vLLM 0.32 on the CPU in bf16, which reads ids
@@ -539,7 +540,7 @@ def test_a_fix_from_the_engines_observed_reading() -> None:
     assert _observed_fix([0, 3, 4], [3, 6, 7], [0, 4, 5]) is None  # would need id -3
 
 
-@pytest.mark.slow
+@pytest.mark.slow(reason="a whole doctor run: weight inference over generated texts and an engine served and re-served (10-80 s)")
 @pytest.mark.parametrize("mutant, fed, fix", [
     ("ids_minus_one", [1, 3, 4], "fix: ids [2, 4, 5] (verified by re-serving)"),
     ("slots_descending", [5, 4, 2], "fix: none in the config"),

@@ -28,6 +28,7 @@ def two_builds(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     return a, b
 
 
+@pytest.mark.slow(reason="builds the smoke bundle twice (~20 s)")
 def test_same_seed_builds_hash_identically(two_builds: tuple[Path, Path]) -> None:
     a, b = (load_bundle(p) for p in two_builds)
     diffs = bundle_differences(a, b)

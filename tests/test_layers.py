@@ -103,3 +103,23 @@ def test_no_import_circle_in_the_package() -> None:
         if name not in state:
             walk(name, [name])
     assert not circles, "import circles: " + "; ".join(" -> ".join(c) for c in circles)
+
+
+def test_every_slow_test_says_why() -> None:
+    """The fast tier (`pytest -m "not slow" tests`) leaves out what carries the slow marker;
+    each says why it is slow, so the next maintainer can tell a slow test from a slow bug."""
+    bare = []
+    for path in (HARNESS.parent / "tests").glob("test_*.py"):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        called = {id(n.func) for n in ast.walk(tree) if isinstance(n, ast.Call)}
+        for node in ast.walk(tree):
+            if not (isinstance(node, ast.Attribute) and node.attr == "slow"
+                    and isinstance(node.value, ast.Attribute) and node.value.attr == "mark"):
+                continue
+            call = next((c for c in ast.walk(tree) if isinstance(c, ast.Call) and c.func is node), None)
+            reason = None if call is None else next(
+                (k.value for k in call.keywords if k.arg == "reason"), None)
+            if id(node) not in called or not (isinstance(reason, ast.Constant)
+                                              and str(reason.value).strip()):
+                bare.append(f"{path.name}:{node.lineno}")
+    assert not bare, f"slow markers without reason=...: {bare}"

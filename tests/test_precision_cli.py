@@ -12,6 +12,7 @@ import pytest
 from harness import cli
 
 
+@pytest.mark.slow(reason="runs the self-test, one suite run per mutant (~55 s)")
 def test_selftest_forwards_dtype_to_every_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "st"
     code = cli.main(["selftest", "--report-dir", str(out), "--dtype", "bfloat16", "--mutant",

@@ -26,7 +26,8 @@ from harness.golden.features import target_features
 from harness.models.draft import DraftConfig, Eagle3Draft
 from harness.models.target import build_target, target_config_dict
 
-pytestmark = pytest.mark.engine
+pytestmark = [pytest.mark.engine,
+              pytest.mark.slow(reason="starts real vLLM worker processes (15-25 s a test)")]
 
 H, N, K = 128, 8, 4
 AUX_IDS = (1, 3, 6)

@@ -37,7 +37,7 @@ from harness.weight_inference import (
 
 BUNDLE = default_bundle_path()
 SEED_LEN = 8
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.slow(reason="scores draft weights over hundreds of generated texts (15-100 s a test on 2 cores)")
 
 
 @pytest.fixture(scope="module")

@@ -48,7 +48,7 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return built
 
 
-@pytest.mark.slow
+@pytest.mark.slow(reason="builds the wheel (~10 s)")
 def test_wheel_carries_the_suites_the_bundle_and_the_schemas(wheel: Path) -> None:
     """Slow (~30 s): a full wheel build of a 25 MB tree."""
     names = set(zipfile.ZipFile(wheel).namelist())
@@ -69,7 +69,7 @@ def test_wheel_carries_the_suites_the_bundle_and_the_schemas(wheel: Path) -> Non
     assert "eagle3-conformance = harness.cli:entry" in text and "harness.plugin" in text
 
 
-@pytest.mark.slow
+@pytest.mark.slow(reason="builds the wheel and runs the suite from it outside the checkout (~10 s)")
 def test_the_unpacked_wheel_runs_the_suite_outside_the_checkout(wheel: Path, tmp_path: Path) -> None:
     """Slow (~30 s): from a folder outside the checkout, the unpacked wheel first on
     PYTHONPATH runs three checks of the reference engine on its own bundled copy of the
