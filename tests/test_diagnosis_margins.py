@@ -9,10 +9,10 @@ from __future__ import annotations
 import tempfile
 from functools import cache
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
+from golden_oracle import committed_oracle
 
 from harness.acceptance import explain_shortfall, golden_traces
 from harness.assertions import (
@@ -35,18 +35,9 @@ from harness.engines.heldout import (
 )
 from harness.engines.reference import ReferenceEngine
 from harness.engines.zoo import D2tAbsolute, FcOnRecurrentState, IdsMinusOne
-from harness.golden.bundle import BundleError, load_bundle
-from harness.golden.oracle import Oracle
 from harness.mutant_scan import Served, bundle_drafts, factory_drafts
-from harness.paths import default_bundle_path
 
-
-@cache
-def _oracle() -> Any:
-    try:
-        return Oracle(load_bundle(default_bundle_path(), verify_hashes=False))
-    except BundleError as e:
-        pytest.skip(f"committed bundle unavailable: {e}")
+_oracle = committed_oracle
 
 
 @cache

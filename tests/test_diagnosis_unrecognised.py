@@ -5,19 +5,14 @@ state and no fitted model (precision, normalisation, partial sum, shift, swap, l
 
 from __future__ import annotations
 
-from functools import cache
-from typing import Any
-
 import pytest
 import torch
+from golden_oracle import committed_oracle
 
 from harness.diagnosis.capture import diagnose_capture
 from harness.engines.base import EngineOptions
 from harness.engines.zoo import Mutant
-from harness.golden.bundle import BundleError, load_bundle
-from harness.golden.oracle import Oracle
 from harness.models.residual import TargetStates
-from harness.paths import default_bundle_path
 
 
 class AuxRotated(Mutant):
@@ -36,12 +31,7 @@ class AuxRotated(Mutant):
         return x @ q
 
 
-@cache
-def _oracle() -> Any:
-    try:
-        return Oracle(load_bundle(default_bundle_path(), verify_hashes=False))
-    except BundleError as e:
-        pytest.skip(f"committed bundle unavailable: {e}")
+_oracle = committed_oracle
 
 
 @pytest.mark.parametrize("draft", ["specforge-default", "embed-first", "final-aux"])

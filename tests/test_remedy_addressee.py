@@ -8,21 +8,18 @@ engine vendor; where an id list in the engine's convention fixes it, to the draf
 from __future__ import annotations
 
 from collections.abc import Sequence
-from functools import cache
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from golden_oracle import committed_oracle
 
 from examples.template_adapter import TemplateEngine
 from harness.assertions import ConformanceFailure, assert_capture_matches_oracle
 from harness.diagnosis.record import Diagnosis
 from harness.engines.base import EngineOptions
-from harness.golden.bundle import BundleError, load_bundle
-from harness.golden.oracle import Oracle
 from harness.models.residual import TargetStates
-from harness.paths import default_bundle_path
 from harness.report import ReportCollector
 from harness.report_md import render_markdown
 
@@ -43,12 +40,7 @@ class TemplateHookOnLayerOutput(TemplateEngine):
         self._engine.take_state = layer_output  # type: ignore[method-assign]
 
 
-@cache
-def _oracle() -> Any:
-    try:
-        return Oracle(load_bundle(default_bundle_path(), verify_hashes=False))
-    except BundleError as e:
-        pytest.skip(f"committed bundle unavailable: {e}")
+_oracle = committed_oracle
 
 
 def _diagnose(engine: Any, draft: str, convention: str | Any | None,
