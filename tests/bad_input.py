@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
+import signal
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -119,3 +120,24 @@ def unwritable_folder() -> Path | None:
             except OSError:
                 return candidate
     return None
+
+
+def ctrl_c_as_a_shell_gives_it() -> None:
+    """`preexec_fn` of a subprocess that must see Ctrl-C the way a user's terminal delivers it.
+    A job started in the background of a non-interactive shell (a CI runner's script, or
+    `(cmd &)`) inherits SIGINT *ignored*, and Python then never raises KeyboardInterrupt: the
+    Ctrl-C tests would see the interrupted run pass and exit 0 (measured: all three failed so
+    when the unit tests were launched that way)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+class KeyboardInterruptHandler:
+    """Python's own SIGINT handler for the duration of a `with` block, whatever the process
+    inherited (see `ctrl_c_as_a_shell_gives_it`): `_thread.interrupt_main` does nothing while
+    SIGINT is ignored."""
+
+    def __enter__(self) -> None:
+        self._old = signal.signal(signal.SIGINT, signal.default_int_handler)
+
+    def __exit__(self, *exc: object) -> None:
+        signal.signal(signal.SIGINT, self._old)

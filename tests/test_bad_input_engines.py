@@ -16,7 +16,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from bad_input import assert_no_report, one_error_line, seed_stale_report
+from bad_input import (
+    assert_no_report,
+    ctrl_c_as_a_shell_gives_it,
+    one_error_line,
+    seed_stale_report,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 CHECKS = "test_capture_pinned_prompts or test_draft_config or test_fc_output"
@@ -30,7 +35,8 @@ def _run(engine: str, bundle: Path, out: Path, k: str = CHECKS, timeout: float =
         [sys.executable, "-m", "harness.cli", "run", "--engine", engine, "--bundle", str(bundle),
          "--draft", "single-aux", "--report-dir", str(out), "--engine-timeout-scale", scale,
          "--profile", "dev", "-k", k, "--", "-q", "-p", "no:cacheprovider"],
-        capture_output=True, text=True, env=env, timeout=timeout, check=False, cwd=ROOT)
+        capture_output=True, text=True, env=env, timeout=timeout, check=False, cwd=ROOT,
+        preexec_fn=ctrl_c_as_a_shell_gives_it)
 
 
 def _report(out: Path) -> dict[str, Any]:

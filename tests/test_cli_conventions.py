@@ -16,7 +16,12 @@ import time
 from pathlib import Path
 
 import pytest
-from bad_input import assert_no_report, seed_stale_report
+from bad_input import (
+    KeyboardInterruptHandler,
+    assert_no_report,
+    ctrl_c_as_a_shell_gives_it,
+    seed_stale_report,
+)
 
 from harness import __version__, cli, timeouts
 from harness.pytest_modes import non_run_flag
@@ -99,8 +104,8 @@ def test_ctrl_c_abandons_the_engine_thread_it_leaves_running() -> None:
     recorded like a hung call's, so the CLI exits through os._exit instead of an interpreter
     shutdown under it (an abort, exit 134, was the one path that did not give 130)."""
     release = threading.Event()
-    threading.Timer(0.3, _thread.interrupt_main).start()
-    with pytest.raises(KeyboardInterrupt):
+    with KeyboardInterruptHandler(), pytest.raises(KeyboardInterrupt):
+        threading.Timer(0.3, _thread.interrupt_main).start()
         timeouts.call_with_deadline(release.wait, (30,), 60.0, "capture")
     try:
         assert timeouts.join_abandoned(0) == 1
@@ -123,7 +128,7 @@ def test_ctrl_c_inside_a_torch_op_exits_130_not_an_abort(entry: str, tmp_path: P
            [sys.executable, "-c", "import sys; from harness.cli import entry; sys.argv[1:] = "
             f"{argv!r}; entry()"])
     proc = subprocess.run(cmd, capture_output=True, text=True, env=_env(), cwd=ROOT, timeout=300,
-                          check=False)
+                          check=False, preexec_fn=ctrl_c_as_a_shell_gives_it)
     assert proc.returncode == 130, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "terminate called" not in proc.stderr
     assert proc.stderr.strip().splitlines()[-1].startswith("error: interrupted (Ctrl-C)")
