@@ -62,6 +62,7 @@ def test_refuses_a_symlink(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
     assert (target / "thesis.tex").exists()
 
 
+@pytest.mark.slow(reason="builds a smoke bundle (~10 s)")
 def test_refuses_a_bundle_with_a_user_file_added(smoke_bundle: Path, tmp_path: Path,
                                                  capsys: pytest.CaptureFixture[str]) -> None:
     copy = tmp_path / "smoke"

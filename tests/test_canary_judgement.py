@@ -115,6 +115,7 @@ def test_state_mutant_fails_the_canary(key: str) -> None:
         f"{d} {_bundle().manifest['drafts'][d]['canary']['threshold']}" for d in passed) + ")"
 
 
+@pytest.mark.slow(reason="serves every wiring of a draft with the reference runtime (~6 s a draft)")
 @pytest.mark.parametrize("draft", ["specforge-default", "embed-first", "single-aux", "final-aux"])
 def test_wiring_table_is_what_the_reference_runtime_measures(draft: str) -> None:
     """The served row and the first wrong row of the manifest, recomputed (the builder's

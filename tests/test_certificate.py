@@ -58,6 +58,7 @@ def _load(path: Path) -> dict[str, Any]:
     return json.loads(path.read_text(encoding="utf-8"))
 
 
+@pytest.mark.slow(reason="runs the suite in a subprocess (~10 s)")
 def test_every_run_writes_a_certificate_of_its_report(run_dir: Path) -> None:
     cert, report = _load(run_dir / "certificate.json"), _load(run_dir / "report.json")
     assert problems(cert, "certificate") == [] and problems(report, "report") == []

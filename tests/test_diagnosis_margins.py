@@ -213,6 +213,7 @@ def _shortfall(cls: type[ReferenceEngine]) -> Diagnosis:
         engine.close()
 
 
+@pytest.mark.slow(reason="re-serves the prompts with the suspected bug, the separating experiment (10-15 s)")
 @pytest.mark.parametrize(("cls", "expected"), [(D2tAbsolute, "d2t_absolute"),
                                                (D2tOffsetFromNextIndex, "unrecognised")],
                          ids=["zoo:d2t_absolute", "heldout:D2tOffsetFromNextIndex"])
@@ -231,6 +232,7 @@ def test_tokens_outside_the_draft_vocabulary_name_d2t_only_where_reproduced(
         assert "d2t_absolute" in diag.details["ruled_out"]
 
 
+@pytest.mark.slow(reason="re-serves the prompts with the suspected bug, the separating experiment (10-15 s)")
 @pytest.mark.parametrize(("cls", "expected"), [(FcOnRecurrentState, "fc_on_recurrent_state"),
                                                (RecurrentStateNormed, "unrecognised")],
                          ids=["zoo:fc_on_recurrent_state", "heldout:RecurrentStateNormed"])

@@ -37,6 +37,7 @@ def test_same_seed_builds_hash_identically(two_builds: tuple[Path, Path]) -> Non
     assert len(a.manifest["files"]) >= 4 + 2 * len(a.draft_names), a.manifest["files"]
 
 
+@pytest.mark.slow(reason="builds a smoke bundle (10-20 s)")
 def test_builds_every_recipe(two_builds: tuple[Path, Path]) -> None:
     bundle = load_bundle(two_builds[0])
     recipes = draft_recipes(bundle.num_layers)
@@ -100,6 +101,7 @@ def test_a_target_that_learned_nothing_is_refused_before_the_drafts(tmp_path: Pa
     assert all(f"{r.name}: the target did not learn" in str(err.value) for r in TARGET_RECIPES), err.value
 
 
+@pytest.mark.slow(reason="builds a smoke bundle (10-20 s)")
 def test_the_recipe_a_target_was_trained_with_travels_into_the_bundle(
         two_builds: tuple[Path, Path], tmp_path: Path) -> None:
     """A target's training.json names its recipe and a build that reuses it records the recipe
