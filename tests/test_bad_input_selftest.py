@@ -98,7 +98,8 @@ def test_report_dir_symlink_loop(tmp_path: Path, capsys: pytest.CaptureFixture[s
 
 
 @pytest.mark.parametrize("extra, needle", [
-    (["--no-such-flag"], "unrecognized arguments: --no-such-flag"),
+    pytest.param(["--no-such-flag"], "unrecognized arguments: --no-such-flag",
+                 marks=pytest.mark.slow(reason="collects the suite in a subprocess for the self-test's preflight (~8 s)")),
     pytest.param(["-k", "no_check_is_named_like_this"], "select no check", marks=pytest.mark.slow(reason="collects the suite in a subprocess for the self-test's preflight (~10 s)")),
 ])
 def test_pytest_flags_the_suite_cannot_run_with(extra: list[str], needle: str, smoke_bundle: Path,

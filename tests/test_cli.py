@@ -117,6 +117,7 @@ def test_process_exit_code_and_no_traceback(tmp_path: Path) -> None:
     assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
 
 
+@pytest.mark.slow(reason="runs the suite in a subprocess (~8 s)")
 def test_run_prints_the_verdict_line(tmp_path: Path) -> None:
     """The run command end to end on a throwaway suite (no engine: the verdict can only be
     nonconformant, exit 1). Runs in a child process: pytest.main inside this session's

@@ -84,6 +84,7 @@ def test_plugin_writes_no_report_in_a_mode_that_runs_no_check(pytester: pytest.P
     assert "verdict:" not in result.stdout.str()
 
 
+@pytest.mark.slow(reason="collects the whole suite in a subprocess (~8 s)")
 def test_run_collect_only_is_no_verdict(tmp_path: Path) -> None:
     """The whole suite collected on the committed bundle: exit 0, the checks listed, no report
     and no "nonconformant" (it used to exit 1 with an all-skipped report)."""

@@ -38,6 +38,7 @@ def test_engine_crash_holds_only_its_message() -> None:
     assert str(crash) == MATMUL and not {k for k in vars(crash) if not k.startswith("__")}
 
 
+@pytest.mark.slow(reason="runs the plugin on a crashing engine in pytester (~8 s)")
 def test_the_plugin_diagnoses_a_crash_with_the_drafts_ids(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_checks=CHECKS)
     out = pytester.path / "out"

@@ -210,7 +210,9 @@ def test_throughput_mutant_is_lossless_and_slower(key: str) -> None:
         f"{key}: speculative run {got_s:.3f}s vs reference {ref_s:.3f}s, not slowed by ~{factor}x"
 
 
-@pytest.mark.parametrize("key", BUNDLE_VISIBLE)
+@pytest.mark.parametrize("key", [
+    pytest.param(k, marks=pytest.mark.slow(reason="waits out the hung capture's deadline (~15 s)"))
+    if k == "capture_hangs" else k for k in BUNDLE_VISIBLE])
 def test_mutant_changes_what_the_draft_sees_or_proposes(key: str) -> None:
     """Some bundle draft exposes the bug in the captured features or fc output (checked on
     every draft first: cheap) or else in the drafted tokens, with the reference as the
