@@ -36,6 +36,7 @@ import torch
 
 from harness.acceptance import explain_shortfall, golden_traces
 from harness.assertions import batch_leaks, diagnose_batch_leak
+from harness.core.tolerances import DTYPES, tolerance_for
 from harness.diagnosis.record import CAPTURE_KINDS, VALUE_KINDS, Diagnosis
 from harness.engines.base import EngineOptions
 from harness.engines.heldout import HELDOUT
@@ -52,7 +53,6 @@ from harness.mutant_scan import (
     same_capture,
 )
 from harness.paths import default_bundle_path
-from harness.tolerances import DTYPES, tolerance_for
 
 CONTROL = "reference"
 

@@ -42,6 +42,7 @@ from harness.assertions import (
     batch_leaks,
     divergence,
 )
+from harness.core.tolerances import DTYPES, tolerance_for
 from harness.engines.base import EngineOptions
 from harness.engines.reference import ReferenceEngine
 from harness.golden.bundle import load_bundle
@@ -50,7 +51,6 @@ from harness.golden.oracle import Oracle
 from harness.models.variants import implementation as variant
 from harness.paths import default_bundle_path
 from harness.strategies import SPECIAL_TOKENS
-from harness.tolerances import DTYPES, tolerance_for
 
 CHECKS = ("capture", "fc", "batch_invariance", "lossless", "acceptance_trace")
 

@@ -18,11 +18,11 @@ from harness.assertions import (
     fc_allowances,
     judge_fc,
 )
+from harness.core.tolerances import tolerance_for
 from harness.diagnosis.draft_side import fc_diagnosis
 from harness.diagnosis.record import Diagnosis
 from harness.engines.base import Acceptance, Capability, Engine, EngineOptions, Generation
 from harness.golden.oracle import Oracle
-from harness.tolerances import tolerance_for
 
 
 def acceptance_from_traces(traces: Sequence[Sequence[int]], k: int) -> Acceptance:

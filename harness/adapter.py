@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from harness.boundaries import Convention, LayerIdError, ids_to_boundaries
+from harness.core.boundaries import Convention, LayerIdError, ids_to_boundaries
 from harness.engines.base import (
     Acceptance,
     Capability,

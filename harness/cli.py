@@ -578,7 +578,7 @@ def build_parser() -> argparse.ArgumentParser:
                           "reference that works after `pip install -e .`; vllm needs "
                           "pip install -e '.[vllm]')")
     doc.add_argument("--convention", help="the trainer's layer-id convention (a key of "
-                                          "harness.boundaries.CONVENTIONS): printed as an "
+                                          "harness.core.boundaries.CONVENTIONS): printed as an "
                                           "ASSUMPTION and weighed against the weights, never "
                                           "taken as the verdict")
     doc.add_argument("--device", default="cpu", help="cpu, or cuda for a large target")

@@ -243,8 +243,8 @@ def _failure(e: BaseException) -> str:
 def fed_labels(features: Sequence[Any], golden: Sequence[Any], dtype: str) -> list[Any]:
     """What each engine slot holds (a boundary, or a label of a state no training feeds),
     fingerprinted against the target's states, independent of what training used."""
+    from harness.core.tolerances import tolerance_for
     from harness.diagnosis.fingerprint import fingerprint
-    from harness.tolerances import tolerance_for
 
     tol = tolerance_for(dtype)
     return [s.found for s in fingerprint(features, golden, [], tol.rtol, tol.separation)]
@@ -306,8 +306,8 @@ def _checked_inputs(target: Path, draft: Path, engine_name: str, convention: str
     """Every input the doctor takes, checked before any work (DoctorError: one line)."""
     import math
 
-    from harness.boundaries import CONVENTIONS
-    from harness.config_schema import target_config_problems
+    from harness.core.boundaries import CONVENTIONS
+    from harness.core.config_schema import target_config_problems
     from harness.engines.base import EngineUnavailable
     from harness.registry import EngineLookupError, resolve_engine
     from harness.run_inputs import device_problem
@@ -342,7 +342,7 @@ def _checked_inputs(target: Path, draft: Path, engine_name: str, convention: str
         if _vllm_distribution() is None:  # found before any work, not at the engine's start
             raise DoctorError("engine vllm is unavailable here: vllm is not installed; install it "
                               "with pip install -e '.[vllm]', or use --engine reference")
-    from harness.boundaries import LayerIdError, ids_to_boundaries
+    from harness.core.boundaries import LayerIdError, ids_to_boundaries
     from harness.lint import lint_draft
 
     if convention is not None and engine_cls.convention is None:
@@ -482,7 +482,7 @@ class _Doctor:
     # -- the run -----------------------------------------------------------------------------
 
     def run(self) -> int:
-        from harness.boundaries import LayerIdError, ids_to_boundaries, short_boundary
+        from harness.core.boundaries import LayerIdError, ids_to_boundaries, short_boundary
         from harness.doctor_outcome import CANNOT_TELL
         from harness.lint import convention_readings
 
@@ -579,8 +579,8 @@ class _Doctor:
         precision envelope of the target itself in the engine's dtype (harness/golden/envelope.py;
         a fixed rtol cries wolf there, and a verified fix would read as "fix fails")."""
         from harness.assertions import ConformanceFailure, assert_capture_matches
+        from harness.core.tolerances import tolerance_for
         from harness.golden.envelope import EnvelopeBuilder
-        from harness.tolerances import tolerance_for
 
         envelopes = None
         if not tolerance_for(self.options.dtype).strict:
@@ -627,7 +627,7 @@ class _Doctor:
 
     def _fix(self, outcome: Any, diag: Any) -> dict[str, Any] | None:
         """The id list that makes the engine feed the weights' best candidate, re-served."""
-        from harness.boundaries import LayerIdError, boundaries_to_ids
+        from harness.core.boundaries import LayerIdError, boundaries_to_ids
         from harness.observed_convention import fix_result
 
         trained = list(outcome.trained)

@@ -14,8 +14,8 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 
-from harness.boundaries import CONVENTIONS, LayerIdError, ids_to_boundaries, short_boundary
-from harness.config_schema import draft_config_problems, target_config_problems
+from harness.core.boundaries import CONVENTIONS, LayerIdError, ids_to_boundaries, short_boundary
+from harness.core.config_schema import draft_config_problems, target_config_problems
 from harness.golden.integrity import weights_problem
 from harness.models.draft import DRAFT_ARCHITECTURE
 
@@ -41,7 +41,7 @@ TRAINING_CONVENTIONS = ("specforge", "eagle3-original", "embedding-minus-one")
 
 
 def convention_readings(ids: list[int], num_layers: int) -> list[str]:
-    """What the ids mean under every known convention (harness.boundaries.CONVENTIONS), one
+    """What the ids mean under every known convention (harness.core.boundaries.CONVENTIONS), one
     line per distinct meaning, then the conventions they are not valid under with why: no
     config field says which convention ids are in, so lint says all it could mean."""
     meaning: dict[tuple[int, ...], list[str]] = {}

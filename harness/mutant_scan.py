@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from harness.assertions import ConformanceFailure, assert_capture_matches_oracle
-from harness.boundaries import boundaries_to_ids, get_convention
+from harness.core.boundaries import boundaries_to_ids, get_convention
 from harness.diagnosis.record import Diagnosis
 from harness.engines.base import EngineOptions
 from harness.engines.reference import ReferenceEngine

@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from harness.boundaries import (
+from harness.core.boundaries import (
     Convention,
     LayerIdError,
     boundaries_to_ids,
@@ -30,7 +30,7 @@ from harness.boundaries import (
     ids_to_boundaries,
 )
 
-# Trainers whose id conventions a draft may carry (harness.boundaries.CONVENTIONS keys).
+# Trainers whose id conventions a draft may carry (harness.core.boundaries.CONVENTIONS keys).
 TRAINERS = ("specforge", "eagle3-original", "embedding-minus-one")
 
 Label = int | str | None
@@ -111,7 +111,7 @@ def _trainer_verdict(trainer: str, served: list[Observation]) -> dict[str, Any]:
             "verdict": verdict}
 
 
-# Which trainer's ids each rule reads as trained (harness.boundaries conventions).
+# Which trainer's ids each rule reads as trained (harness.core.boundaries conventions).
 _RULE_SERVES = {"b = id": {"eagle3-original": ""},
                 "b = id + 1": {"specforge": "", "embedding-minus-one": ""}}
 

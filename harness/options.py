@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from harness.core.tolerances import DTYPES
 from harness.registry import EngineLookupError, check_engine_name
 from harness.report import clear_reports
 from harness.run_inputs import (
@@ -21,7 +22,6 @@ from harness.run_inputs import (
     run_option_problem,
     text_file_problem,
 )
-from harness.tolerances import DTYPES
 
 
 class OptionError(ValueError):

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from hypothesis import assume
 from hypothesis import strategies as st
 
-from harness.boundaries import Convention
+from harness.core.boundaries import Convention
 
 SPECIAL_TOKENS = 3  # BOS, EOS, PAD: never inside a drawn prompt body
 
@@ -63,7 +63,7 @@ def layer_id_configs(convention: str | Convention, num_layers: int,
     the convention accepts, drawn through the boundary model so the embedding and final
     boundary appear whenever the convention can express them. Boundaries are sampled in
     ascending order, so a failure shrinks towards one id naming the lowest boundary."""
-    from harness.boundaries import LayerIdError, boundaries_to_ids, get_convention
+    from harness.core.boundaries import LayerIdError, boundaries_to_ids, get_convention
 
     conv = get_convention(convention)
     capturable = [b for b in range(num_layers + 1) if conv.can_capture(b, num_layers)]
@@ -91,7 +91,7 @@ def invalid_layer_id_configs(draw: st.DrawFn, convention: str | Convention,
     """Id lists no engine serves as written: a valid list with one id repeated, or with an id
     past the last boundary or below the lowest id the convention knows, inserted anywhere.
     The config lint must reject every one of them."""
-    from harness.boundaries import get_convention
+    from harness.core.boundaries import get_convention
 
     conv = get_convention(convention)
     ids = list(draw(layer_id_configs(conv, num_layers, max_ids=3)))

@@ -17,9 +17,9 @@ from harness.acceptance import (
     same_dtype_acceptance,
 )
 from harness.assertions import fail, require
+from harness.core.tolerances import tolerance_for
 from harness.engines.base import Acceptance, Capability, Engine, Generation
 from harness.golden.oracle import Oracle
-from harness.tolerances import tolerance_for
 
 
 def _new_tokens(oracle: Oracle) -> int:

@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 
 from harness.assertions import assert_fc_matches, fail, require
+from harness.core.tolerances import tolerance_for
 from harness.engines.base import Capability, Engine
 from harness.finite import assert_finite
 from harness.golden.oracle import Oracle
-from harness.tolerances import tolerance_for
 
 
 def test_fc_output_matches_training(engine: Engine, oracle: Oracle, draft_name: str) -> None:

@@ -38,7 +38,7 @@ from harness.assertions import (
     assert_fix_holds,
     require,
 )
-from harness.boundaries import (
+from harness.core.boundaries import (
     Convention,
     LayerIdError,
     boundaries_to_ids,

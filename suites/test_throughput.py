@@ -5,7 +5,7 @@ Two gates (docs/PERFORMANCE.md):
 - regression: pytest-benchmark's own `--benchmark-save` / `--benchmark-compare` /
   `--benchmark-compare-fail=min:T%` against a baseline kept per machine class;
 - consistency (`test_speculation_pays_as_predicted`): the measured speedup against the one
-  `harness.throughput` predicts from the measured acceptance length and the engine's own
+  `harness.core.throughput` predicts from the measured acceptance length and the engine's own
   per-step costs. The motivating deployment (54.8 tok/s against 90 without speculation) fails
   it with both numbers and the dominant cost named.
 
@@ -31,10 +31,10 @@ import torch
 
 from harness.acceptance import acceptance_from_traces, explain_shortfall, golden_traces
 from harness.assertions import assert_speedup_consistent, require
+from harness.core.throughput import judge_speedup
 from harness.engines.base import Capability, Engine, Generation
 from harness.engines.step_costs import synchronizer
 from harness.golden.oracle import Oracle
-from harness.throughput import judge_speedup
 
 # timed rounds per mode after one warm-up round (EAGLE3_THROUGHPUT_ROUNDS: more for a
 # baseline that must be tight, e.g. benchmarks/gate_soundness.py)

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
-from harness.boundaries import get_convention, ids_to_boundaries
+from harness.core.boundaries import get_convention, ids_to_boundaries
 from harness.golden.bundle import Bundle
 
 

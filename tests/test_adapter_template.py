@@ -16,7 +16,7 @@ import pytest
 
 from examples.template_adapter import TEMPLATE_CONVENTION, TemplateEngine
 from harness.assertions import ConformanceFailure, assert_capture_matches
-from harness.boundaries import CONVENTIONS, Convention
+from harness.core.boundaries import CONVENTIONS, Convention
 from harness.engines.base import EngineOptions
 from harness.golden.bundle import load_bundle
 from harness.golden.oracle import Oracle

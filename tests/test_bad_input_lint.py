@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from harness.boundaries import CONVENTIONS
+from harness.core.boundaries import CONVENTIONS
 from harness.lint import lint_draft
 
 DRAFT = "draft-specforge-default"
@@ -78,7 +78,7 @@ N = 8  # the committed target's layers
 def _invalid_ids(conv) -> list[list[int]]:
     """Id lists this convention cannot read: past the last boundary, a negative id it has no
     embedding meaning for, and the boundaries it cannot capture named by its own rule."""
-    from harness.boundaries import Convention
+    from harness.core.boundaries import Convention
 
     assert isinstance(conv, Convention)
     bad = [[1, 3, N + 1], [-2, 3, 5], [3, 3, 5]]
@@ -91,11 +91,11 @@ def _invalid_ids(conv) -> list[list[int]]:
 
 @pytest.mark.parametrize("name", sorted(CONVENTIONS))
 def test_every_convention_valid_and_invalid_ids(name: str) -> None:
-    """Per convention of harness/boundaries.py: its own default ids (and the same ids in
+    """Per convention of harness/core/boundaries.py: its own default ids (and the same ids in
     reverse order: sorted or not, a list a trainer writes is still valid) are read by it and
     named in the readings with the boundaries they mean; ids it cannot read are a problem
     under it, and listed as not valid under it with why."""
-    from harness.boundaries import ids_to_boundaries
+    from harness.core.boundaries import ids_to_boundaries
     from harness.lint import convention_readings, ids_problem
 
     conv = CONVENTIONS[name]

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from harness.boundaries import (
+from harness.core.boundaries import (
     CONVENTIONS,
     LayerIdError,
     boundaries_to_ids,

@@ -221,13 +221,13 @@ def test_exit_3_names_the_place_in_the_suite(monkeypatch: pytest.MonkeyPatch,
                                             capsys: pytest.CaptureFixture[str]) -> None:
     """A bug of the suite (exit 3) says where in the suite's own code it happened, so the
     one line is a bug report without a traceback."""
-    from harness.tolerances import tolerance_for
+    from harness.core.tolerances import tolerance_for
 
     monkeypatch.setattr(cli, "cmd_table", lambda args, extra: tolerance_for("int4"))
     monkeypatch.delenv(cli.DEBUG_ENV, raising=False)
     assert cli.main(["conformance-table", "x.json"]) == 3
     line = _one_line_error(capsys)
-    assert "while running `conformance-table` in harness/tolerances.py:" in line
+    assert "while running `conformance-table` in harness/core/tolerances.py:" in line
     assert "(tolerance_for)" in line and "report it" in line
 
 

@@ -10,13 +10,13 @@ import pytest
 import torch
 
 from harness.assertions import judge_fc
+from harness.core.tolerances import rtol_for
 from harness.diagnosis.capture import diagnose_capture
 from harness.diagnosis.crash import crash_diagnosis
 from harness.diagnosis.draft_side import fc_diagnosis, fc_output_is_raw_input
 from harness.diagnosis.record import Diagnosis
 from harness.golden.features import TargetFeatures, aux_features, target_features
 from harness.models.target import build_target, target_config_dict
-from harness.tolerances import rtol_for
 
 N = 8
 SPECFORGE = [2, 4, 5]  # SpecForge default ids [1, 3, 4]

@@ -431,7 +431,7 @@ def test_the_seed_case_under_every_convention_is_never_conformant(tmp_path: Path
     [1, 3, 5]) and the ASSUMPTION lines, never the evidence; each outcome is miswired (naming
     the embedding) or cannot tell, never wired as trained. One inference, then one capture per
     convention. 10-15 s each."""
-    from harness.boundaries import CONVENTIONS
+    from harness.core.boundaries import CONVENTIONS
     from harness.doctor_outcome import MISWIRED, WIRED
 
     seed = _seed(tmp_path)

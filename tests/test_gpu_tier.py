@@ -29,7 +29,9 @@ from typing import Any
 import pytest
 import torch
 
-from harness.boundaries import ids_to_boundaries
+from harness.core.boundaries import ids_to_boundaries
+from harness.core.throughput import break_even_acceptance, judge_speedup, predicted_speedup
+from harness.core.tolerances import rtol_for
 from harness.diagnosis.capture import diagnose_capture
 from harness.diagnosis.identity import identify_slots
 from harness.engines.speculative import Eagle3Runtime
@@ -43,8 +45,6 @@ from harness.models.presets import (
     width_realistic_config,
 )
 from harness.paths import default_bundle_path
-from harness.throughput import break_even_acceptance, judge_speedup, predicted_speedup
-from harness.tolerances import rtol_for
 
 pytestmark = [
     pytest.mark.gpu,

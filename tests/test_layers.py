@@ -31,7 +31,7 @@ RULES = [
     ("golden/*.py", UPPER),
     ("diagnosis/*.py", ("harness.assertions", "harness.acceptance", "harness.plugin",
                         "harness.engines")),
-    ("tolerances.py", ("torch", "harness")),
+    ("core/tolerances.py", ("torch", "harness")),
     ("diagnosis/record.py", ("torch",)),
     ("diagnosis/crash.py", ("torch",)),
 ]

@@ -24,6 +24,7 @@ from harness.assertions import (
     batch_leaks,
     near_tie_bound,
 )
+from harness.core.tolerances import tolerance_for
 from harness.diagnosis.identity import AMBIGUOUS, EXACT, ROUTING_TIE, WRONG, classify_tokens
 from harness.engines.base import EngineOptions
 from harness.engines.reference import ReferenceEngine
@@ -32,7 +33,6 @@ from harness.golden.envelope import Envelope
 from harness.golden.features import TargetFeatures, relative_errors
 from harness.golden.oracle import Oracle
 from harness.paths import default_bundle_path
-from harness.tolerances import tolerance_for
 
 FALSE_ALARMS = [
     ("specforge-default", [99, 283, 496, 327, 504, 45, 431, 374, 69, 508, 10, 208, 489, 350, 216, 164, 4, 112, 10, 370,
@@ -354,6 +354,6 @@ def test_one_boundary_off_is_caught_on_every_draft_inside_the_envelope(draft: st
 def test_drift_needs_most_of_at_least_four_tokens() -> None:
     """A slot 5% off on every token is drift over a long prompt (test above) but not over two
     tokens: there its 'median' is a token's error, which the per-token judgement passed as a
-    precision outlier clearly its own boundary (harness.tolerances.DRIFT_REASON)."""
+    precision outlier clearly its own boundary (harness.core.tolerances.DRIFT_REASON)."""
     prompt = max(_oracle().pinned_prompts, key=len)[:2]
     _judge(_bf16(prompt, [2, 4, lambda g: g.boundaries[5] * 1.05]), prompt, "specforge-default")

@@ -5,7 +5,7 @@ so the recorder means by "boundary b" exactly what the bundle pinned.
 Bit for bit only on the machine that built the bundle: CPU kernels differ between machines
 (on the AMD EPYC CI machine of 2026-12-02 the per-token relative error reached 1.8e-6 at
 boundary 8; the bundle was built elsewhere). So the bound is REPRODUCTION_RTOL, 1e-4: ten times
-inside the suite's fp32 capture tolerance (1e-3, harness.tolerances), so fp32 verdicts judged
+inside the suite's fp32 capture tolerance (1e-3, harness.core.tolerances), so fp32 verdicts judged
 against the pinned tensors on any machine are not judging rounding, and ~50 times the
 cross-machine error measured. A recorder that read the wrong boundary is off by ~1 (adjacent
 boundaries of the decorrelated target are nearly orthogonal), far outside it."""
@@ -15,12 +15,12 @@ from __future__ import annotations
 import pytest
 import torch
 
+from harness.core.tolerances import rtol_for
 from harness.golden.bundle import load_bundle
 from harness.golden.features import target_features
 from harness.golden.oracle import Oracle
 from harness.models.residual import StateRecorder
 from harness.paths import default_bundle_path
-from harness.tolerances import rtol_for
 
 REPRODUCTION_RTOL = 1e-4
 

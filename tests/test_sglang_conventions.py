@@ -38,7 +38,7 @@ from sglang_source import (
     version_of,
 )
 
-from harness.boundaries import Convention, LayerIdError, get_convention, ids_to_boundaries
+from harness.core.boundaries import Convention, LayerIdError, get_convention, ids_to_boundaries
 from harness.engines.sglang import SglangEngine, convention_for, release
 
 ROOTS = installed_roots()

@@ -36,7 +36,8 @@ import specforge_run as sf
 import torch
 from perturbations import PERTURBATIONS, HarnessView, judged
 
-from harness.boundaries import LayerIdError
+from harness.core.boundaries import LayerIdError
+from harness.core.tolerances import tolerance_for
 from harness.golden.builder import REGEN_PROMPT_LEN, BuildSize
 from harness.golden.bundle import Bundle, load_bundle
 from harness.golden.corpus import manifest_language, sample_batch
@@ -45,14 +46,13 @@ from harness.golden.training import TTT_STEPS, regenerate, ttt_forward
 from harness.models.draft import Eagle3Draft
 from harness.models.target import load_target
 from harness.paths import default_bundle_path
-from harness.tolerances import tolerance_for
 
 MISSING = sf.missing()
 pytestmark = pytest.mark.skipif(MISSING is not None, reason=f"SpecForge parity: {MISSING}")
 
 FP32 = tolerance_for("float32")
 # Per-token relative error allowed between SpecForge and the harness on the same fp32 inputs:
-# the fp32 row's rtol (harness/tolerances.py REASONS["rtol"]: summation order only, far below
+# the fp32 row's rtol (harness/core/tolerances.py REASONS["rtol"]: summation order only, far below
 # the > 0.3 between adjacent boundaries of the tiny target). Measured: ~1e-6.
 RTOL = FP32.rtol
 # SpecForge's draft class is fixed at three aux states (fc is Linear(3 * H, H)) and its

@@ -35,7 +35,7 @@ import torch
 from perturbations import PERTURBATIONS, HarnessView, judged
 from safetensors.torch import load_file
 
-from harness.boundaries import LayerIdError, boundaries_to_ids, ids_to_boundaries
+from harness.core.boundaries import LayerIdError, boundaries_to_ids, ids_to_boundaries
 from harness.golden.bundle import Bundle, load_bundle
 from harness.golden.draft_factory import TOP_LEVEL, DraftFactory
 from harness.golden.training import ttt_forward

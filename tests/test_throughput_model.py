@@ -1,11 +1,11 @@
-"""The cost model and its gate (harness.throughput) on numbers whose answer is known by hand:
+"""The cost model and its gate (harness.core.throughput) on numbers whose answer is known by hand:
 the arithmetic, both failure modes, the dominant cost, and the bad input it refuses."""
 
 from __future__ import annotations
 
 import pytest
 
-from harness.throughput import (
+from harness.core.throughput import (
     PAYS_AT,
     REALISED_SHARE,
     StepCosts,

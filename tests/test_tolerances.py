@@ -9,7 +9,7 @@ import pytest
 
 from harness.assertions import divergence
 from harness.cli import build_parser
-from harness.tolerances import (
+from harness.core.tolerances import (
     DTYPES,
     REASONS,
     TOLERANCES,

@@ -4,7 +4,7 @@ what the engine did instead (the diagnosis), and a minimal reproducer.
 A check calls one of these and nothing else decides pass/fail: every check fails through
 `fail` (or a helper built on it), so every failure is worded the same way, ends with the
 command that reproduces it and carries its diagnoses into report.json. Tolerances come from
-`harness.tolerances`; the wording of causes from `harness.diagnosis`.
+`harness.core.tolerances`; the wording of causes from `harness.diagnosis`.
 
 One module per concern (capture, decode, fc, generation, layer ids, throughput) on a
 common base; checks import the helpers from here.

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from harness.assertions.base import fail
-from harness.tolerances import CANARY_FRACTION
+from harness.core.tolerances import CANARY_FRACTION
 
 
 def canary_line(canary: dict, same_dtype: float | None = None) -> float | None:
@@ -28,7 +28,7 @@ def canary_line(canary: dict, same_dtype: float | None = None) -> float | None:
 def assert_canary_accepts(measured: float, canary: dict, *, engine_name: str, draft: str,
                           prompts: Sequence[Sequence[int]], same_dtype: float | None = None) -> None:
     """The canary: served on the bundle's canary prompts, the engine's mean acceptance length
-    (its own counters, nothing else) reaches `canary_line` (`harness.tolerances.CANARY_REASON`).
+    (its own counters, nothing else) reaches `canary_line` (`harness.core.tolerances.CANARY_REASON`).
     The caller skips where the line is None (no line in this dtype)."""
     line = canary_line(canary, same_dtype)
     if line is None:

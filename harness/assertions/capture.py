@@ -12,6 +12,7 @@ from functools import partial
 import torch
 
 from harness.assertions.base import fail, worst_tokens
+from harness.core.tolerances import tolerance_for, tolerance_text
 from harness.diagnosis.capture import diagnose_capture
 from harness.diagnosis.evidence import seen_per_slot
 from harness.diagnosis.fingerprint import relative_errors
@@ -20,7 +21,6 @@ from harness.diagnosis.record import Diagnosis, unexplained
 from harness.finite import assert_finite
 from harness.golden.envelope import Envelope
 from harness.golden.features import TargetFeatures
-from harness.tolerances import tolerance_for, tolerance_text
 
 
 def _strict_off_tokens(features: Sequence[torch.Tensor], golden: Sequence[TargetFeatures],

@@ -11,6 +11,7 @@ import torch
 from harness.assertions.base import fail
 from harness.assertions.capture import assert_capture_matches, batch_leaks
 from harness.assertions.generation import divergence
+from harness.core.tolerances import tolerance_for
 from harness.diagnosis.decode import (
     ROW_SHARE,
     decode_diagnosis,
@@ -23,7 +24,6 @@ from harness.engines.base import DecodeInputs
 from harness.finite import assert_finite
 from harness.golden.features import aux_features
 from harness.report import ConformanceFailure
-from harness.tolerances import tolerance_for
 
 
 def _first_misplaced(decode: DecodeInputs) -> tuple[int, int, str]:

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 import torch
 
-from harness.tolerances import tolerance_for
+from harness.core.tolerances import tolerance_for
 
 
 def first_divergence(a: Sequence[int], b: Sequence[int]) -> int | None:
@@ -23,7 +23,7 @@ def near_tie_bound(oracle, context: Sequence[int], pair: Sequence[int], dtype: s
     """(fp32 logit gap between the two tokens of `pair` after `context`, the gap `dtype` on
     `device` may flip): fp32 excuses summation order only; reduced precision adds what the
     same-dtype reference's logits of those two tokens actually moved, noise_factor times, and
-    the rounding of the logits themselves (harness.tolerances.REASONS['near_tie'])."""
+    the rounding of the logits themselves (harness.core.tolerances.REASONS['near_tie'])."""
     tol = tolerance_for(dtype)
     logits, _ = oracle.top2_logits(context)
     idx = torch.tensor(list(pair))

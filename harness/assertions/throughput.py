@@ -6,10 +6,10 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from harness.assertions.base import fail
+from harness.core.throughput import SpeedupFinding
+from harness.core.tolerances import tolerance_for
 from harness.diagnosis.record import Diagnosis
 from harness.diagnosis.throughput import throughput_diagnosis
-from harness.throughput import SpeedupFinding
-from harness.tolerances import tolerance_for
 
 
 def assert_speedup_consistent(finding: SpeedupFinding, *, engine_name: str, draft: str,
@@ -17,7 +17,7 @@ def assert_speedup_consistent(finding: SpeedupFinding, *, engine_name: str, draf
                               trained_acceptance: float | None = None, dtype: str = "float32",
                               shortfall: Callable[[], Diagnosis] | None = None) -> None:
     """Speculation delivers the speedup its measured acceptance and per-step costs promise
-    (harness.throughput.judge_speedup decides the numbers; this words and raises).
+    (harness.core.throughput.judge_speedup decides the numbers; this words and raises).
 
     Where the timed run's acceptance is itself below training's (`trained_acceptance`: the
     golden traces' on the same prompts) by more than the dtype's prediction margin (the bound

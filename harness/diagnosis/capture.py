@@ -13,7 +13,7 @@ from functools import cache, partial
 
 import torch
 
-from harness.boundaries import (
+from harness.core.boundaries import (
     CONVENTIONS,
     Convention,
     LayerIdError,
@@ -22,6 +22,7 @@ from harness.boundaries import (
     ids_to_boundaries,
     short_boundary,
 )
+from harness.core.tolerances import rtol_for
 from harness.diagnosis.compare import AMBIGUOUS_MARGIN, Comparison, compare, slot_errors
 from harness.diagnosis.evidence import (
     batch_dependence,
@@ -40,7 +41,6 @@ from harness.diagnosis.record import (
     mlp_label,
 )
 from harness.golden.features import TargetFeatures
-from harness.tolerances import rtol_for
 
 
 def _phrase(label: Label, n: int) -> str:
@@ -228,7 +228,7 @@ def _labels_loose(fit: tuple[float, float], rtol: float) -> bool:
     (fit: evidence.label_fit's margin and farthest labelled slot): a labelled slot whose median
     token is nearer another state (margin < 1), or farther from its labelled state than the
     tolerance of a reduced-precision capture (rtol: at most that far from its own boundary on
-    the median token; harness.tolerances.REASONS['rtol'])."""
+    the median token; harness.core.tolerances.REASONS['rtol'])."""
     margin, farthest = fit
     return margin < 1 or farthest > rtol
 
@@ -253,7 +253,7 @@ def diagnose_capture(
     adapter's own Convention, to word the fix as an id list; config_ids: the draft config's
     ids, to say which convention the engine behaved like; rtol: per-token relative tolerance;
     separation: > 0 in reduced precision, where a token beyond rtol is labelled by the state
-    it is identified as (see `harness.tolerances`), so precision noise never reads as a
+    it is identified as (see `harness.core.tolerances`), so precision noise never reads as a
     skipped capture; alone: per prompt, the engine's features of that prompt captured on its
     own (evidence for a batch-dependent capture); judged_off: the reduced-precision judgement
     (harness.diagnosis.identity) failed a capture whose slot labels are all as trained, so the

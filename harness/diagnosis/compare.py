@@ -24,14 +24,14 @@ from typing import Any
 
 import torch
 
-from harness.boundaries import CONVENTIONS, LayerIdError, get_convention, short_boundary
+from harness.core.boundaries import CONVENTIONS, LayerIdError, get_convention, short_boundary
 from harness.diagnosis.fingerprint import candidates, relative_errors
 from harness.diagnosis.record import AMBIGUOUS, FINAL_NORMED, ZERO, Label, mlp_label
 from harness.golden.features import TargetFeatures
 
 # Two explanations whose worst-slot errors are within this factor of each other are not told
 # apart by the evidence: the same factor the reduced-precision identity uses to call a token
-# the state it is nearest to (harness.tolerances.REASONS['separation']: 2 is what the
+# the state it is nearest to (harness.core.tolerances.REASONS['separation']: 2 is what the
 # triangle inequality guarantees between a state and its neighbours).
 AMBIGUOUS_MARGIN = 2.0
 SHIFTS = (1, -1, 2, -2, 3, -3)

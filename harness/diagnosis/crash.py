@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from harness.boundaries import Convention, LayerIdError, boundaries_to_ids, get_convention
+from harness.core.boundaries import Convention, LayerIdError, boundaries_to_ids, get_convention
 from harness.diagnosis.record import Diagnosis
 
 _SHAPES = re.compile(r"mat1 and mat2 shapes cannot be multiplied \((\d+)x(\d+) and (\d+)x(\d+)\)")

@@ -36,7 +36,7 @@ from harness.diagnosis.record import Diagnosis
 
 # A re-fed row is identified as the features of position j + s when its error to those is at
 # least this many times smaller than to the two other candidate rows (j, j - 1, j + 1): the
-# separation harness.tolerances gives reduced precision (REASONS['separation']: a state within
+# separation harness.core.tolerances gives reduced precision (REASONS['separation']: a state within
 # a third of the distance to its neighbour is twice as near it as to the neighbour).
 ROW_SEPARATION = 2.0
 # Share of re-fed rows that must be identified with one shift for the shift to be named: a

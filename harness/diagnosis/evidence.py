@@ -19,9 +19,9 @@ from typing import Any
 
 import torch
 
+from harness.core.tolerances import rtol_for
 from harness.diagnosis.fingerprint import candidates, fingerprint, relative_errors
 from harness.golden.features import TargetFeatures
-from harness.tolerances import rtol_for
 
 # A state rounded through a 16-bit float (bf16: 8 significant bits, worst element error 2^-9)
 # lands well inside this per-token bound; adjacent boundaries of the residual stream differ by
@@ -101,7 +101,7 @@ def _fits(fit: torch.Tensor, raw: torch.Tensor, rtol: float, separation: float) 
     Reduced precision: the median token within rtol of the model, and no token beyond rtol
     identified as the raw boundary instead (`separation` times nearer it than the model).
     Precision noise carries a few tokens past any fixed bound (a bf16 routing flip moves a
-    token's state by ~0.2 from that layer on; harness.tolerances.REASONS['rtol']): such a
+    token's state by ~0.2 from that layer on; harness.core.tolerances.REASONS['rtol']): such a
     token, near neither, is evidence of nothing, never the typical token."""
     if not fit.numel():
         return False

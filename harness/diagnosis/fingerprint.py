@@ -122,7 +122,7 @@ def fingerprint(features: Sequence[torch.Tensor], golden: Sequence[TargetFeature
                 separation: float = 0.0) -> list[SlotMatch]:
     """Match every engine slot (H-wide chunk of the features) against the golden states. A
     token beyond rtol is still labelled with the state it is identified as when `separation`
-    > 0 (reduced precision: see harness.tolerances.REASONS['separation']), so precision noise
+    > 0 (reduced precision: see harness.core.tolerances.REASONS['separation']), so precision noise
     never reads as "matches nothing"."""
     if len(features) != len(golden) or not features:
         raise ValueError(f"got features for {len(features)} prompts and golden data for "

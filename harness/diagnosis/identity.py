@@ -20,11 +20,11 @@ from typing import Any
 
 import torch
 
+from harness.core.tolerances import DRIFT_MIN_TOKENS
 from harness.diagnosis.fingerprint import candidates, relative_errors
 from harness.diagnosis.record import Label
 from harness.golden.envelope import Envelope
 from harness.golden.features import TargetFeatures
-from harness.tolerances import DRIFT_MIN_TOKENS
 
 
 @dataclass(frozen=True)
@@ -109,7 +109,7 @@ def noise_allowance(noise: torch.Tensor, *, noise_factor: float, floor: float) -
     """[T] the error a correct engine may show per token: noise_factor times the envelope's
     error at that token (the largest any correct implementation makes), or at the median token
     where every member rounded luckily, and never below `floor`
-    (harness.tolerances.REASONS['noise_factor'])."""
+    (harness.core.tolerances.REASONS['noise_factor'])."""
     if noise.numel() == 0:
         return noise
     return torch.clamp_min(noise_factor * torch.maximum(noise, noise.median()), floor)
@@ -121,7 +121,7 @@ def classify_tokens(x: torch.Tensor, golden: TargetFeatures, expected: int, enve
     same prompt computed by correct implementations in the engine's dtype, whose largest error
     at each token is the noise floor; floor: the least allowance (the fp32 bound). A token
     where some member itself is not identified as its boundary is one precision cannot decide:
-    ambiguous unless the engine left zeros there. See harness.tolerances.REASONS
+    ambiguous unless the engine left zeros there. See harness.core.tolerances.REASONS
     ['noise_factor'] and ['separation'] for the bounds."""
     labels, states = candidates(golden)
     own = states[expected]
@@ -207,7 +207,7 @@ def classify_capture(features: Sequence[torch.Tensor], golden: Sequence[TargetFe
     features of the correct implementations in the engine's dtype. A slot drifts when most of
     its judged tokens (routing ties left out: a swapped expert is not drift), and at least
     DRIFT_MIN_TOKENS of them, are beyond their own allowance: every token a little off, each
-    still clearly its own boundary (harness.tolerances.DRIFT_REASON)."""
+    still clearly its own boundary (harness.core.tolerances.DRIFT_REASON)."""
     hidden = golden[0].boundaries.shape[-1]
     counts = dict.fromkeys(TOKEN_CLASSES, 0)
     wrong: list[tuple[int, int, int, str]] = []
@@ -237,7 +237,7 @@ def classify_capture(features: Sequence[torch.Tensor], golden: Sequence[TargetFe
     drift = []
     for s, errs in per_slot_err.items():
         judged_errs, allowed = torch.cat(errs), torch.cat(per_slot_allowed[s])
-        if judged_errs.numel() < DRIFT_MIN_TOKENS:  # harness.tolerances.DRIFT_REASON
+        if judged_errs.numel() < DRIFT_MIN_TOKENS:  # harness.core.tolerances.DRIFT_REASON
             continue
         beyond = int((judged_errs > allowed).sum())
         if 2 * beyond > judged_errs.numel():

@@ -1,5 +1,5 @@
 """The throughput kind: speculation that does not pay what its measured acceptance and the
-engine's own per-step costs promise (harness.throughput judges the numbers). The wiring may be
+engine's own per-step costs promise (harness.core.throughput judges the numbers). The wiring may be
 right (the capture and acceptance checks say so); the serving loop around it is not.
 """
 
@@ -22,7 +22,7 @@ _FIX = {
 
 def throughput_diagnosis(failure: str, dominant: str, **details: Any) -> Diagnosis:
     """`failure`: the gate's finding with both numbers; `dominant`: the largest cost of a
-    measured round (a key of harness.throughput.StepCosts.components, or serving_loop)."""
+    measured round (a key of harness.core.throughput.StepCosts.components, or serving_loop)."""
     return Diagnosis(kind="speculation_overhead",
                      message=f"{failure}; root cause: speculation overhead — {_FIX[dominant]}.",
                      engine_boundaries=[], training_boundaries=[], suggested_layer_ids=None,

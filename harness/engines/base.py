@@ -17,8 +17,8 @@ from typing import Any, ClassVar
 
 import torch
 
-from harness.boundaries import Convention
-from harness.throughput import StepCosts
+from harness.core.boundaries import Convention
+from harness.core.throughput import StepCosts
 
 
 class Capability(str, enum.Enum):
@@ -49,7 +49,7 @@ class EngineOptions:
     tree_topk: int = 1  # >1: tree drafting with that branching at each depth (if supported)
     max_model_len: int = 256
     seed: int = 0
-    # How the draft's layer ids were meant (a key of harness.boundaries.CONVENTIONS). Only an
+    # How the draft's layer ids were meant (a key of harness.core.boundaries.CONVENTIONS). Only an
     # engine that honours training (the reference) reads it; a real engine has its own rule.
     training_convention: str | None = None
 
@@ -137,7 +137,7 @@ class Engine(abc.ABC):
 
     name: ClassVar[str]
     capabilities: ClassVar[frozenset[Capability]] = frozenset()
-    # The engine's own layer-id rule: a key of harness.boundaries.CONVENTIONS, a Convention of
+    # The engine's own layer-id rule: a key of harness.core.boundaries.CONVENTIONS, a Convention of
     # the adapter's own (an engine the package does not know), or None when it honours the
     # draft's training convention. Diagnoses word the fixing id list in it.
     convention: ClassVar[str | Convention | None] = None
@@ -182,7 +182,7 @@ class Engine(abc.ABC):
 
     def step_costs(self, prompt: Sequence[int], acceptance_length: float) -> StepCosts | None:
         """Seconds per plain step, verify of k + 1 tokens, draft step and draft feed on this
-        engine's kernels at prefix `prompt` (see harness.throughput), or None where the
+        engine's kernels at prefix `prompt` (see harness.core.throughput), or None where the
         engine does not expose its steps; the cost-model gate then skips with that reason."""
         return None
 

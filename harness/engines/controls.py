@@ -27,8 +27,8 @@ import tempfile
 from pathlib import Path
 from typing import Any, ClassVar
 
-from harness.boundaries import LayerIdError, boundaries_to_ids, ids_to_boundaries
-from harness.config_schema import IDS
+from harness.core.boundaries import LayerIdError, boundaries_to_ids, ids_to_boundaries
+from harness.core.config_schema import IDS
 from harness.engines.base import EngineOptions, EngineUnavailable
 from harness.engines.vllm import VllmEngine
 

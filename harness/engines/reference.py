@@ -18,7 +18,9 @@ from pathlib import Path
 import torch
 import transformers
 
-from harness.boundaries import ids_to_boundaries
+from harness.core.boundaries import ids_to_boundaries
+from harness.core.throughput import StepCosts
+from harness.core.tolerances import DTYPES
 from harness.engines.base import (
     Acceptance,
     Capability,
@@ -37,8 +39,6 @@ from harness.models.draft import Eagle3Draft
 from harness.models.target import load_target
 from harness.models.variants import apply_choices, load_implementation
 from harness.models.variants import implementation as variant
-from harness.throughput import StepCosts
-from harness.tolerances import DTYPES
 
 
 def load_any_target(path: Path, dtype: torch.dtype, device: str) -> torch.nn.Module:

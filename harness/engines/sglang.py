@@ -57,7 +57,7 @@ DEEPSEEK_ARCHITECTURES = frozenset({
 # Architectures with a rule of their own that no convention here models yet.
 UNMODELLED_ARCHITECTURES = {
     "GptOssForCausalLM": "gpt_oss.py keeps the ids when their maximum equals N and adds +1 "
-                         "otherwise (0.5.23), a rule harness.boundaries does not model",
+                         "otherwise (0.5.23), a rule harness.core.boundaries does not model",
 }
 # First releases with each change (found by reading every release's source, see
 # docs/CONFORMANCE.md): PR #25454's deepseek rule; capture moved into the layer-boundary
@@ -76,7 +76,7 @@ def release(version: str) -> tuple[int, ...]:
 
 
 def convention_for(architecture: str, version: str) -> str:
-    """The key of harness.boundaries.CONVENTIONS that SGLang `version` applies to a target of
+    """The key of harness.core.boundaries.CONVENTIONS that SGLang `version` applies to a target of
     this architecture. Raises EngineUnavailable for an architecture with an unmodelled rule."""
     if architecture in UNMODELLED_ARCHITECTURES:
         raise EngineUnavailable(f"SGLang's layer-id rule for {architecture} is not modelled: "

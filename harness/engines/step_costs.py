@@ -1,6 +1,6 @@
 """Per-step costs of an `Eagle3Runtime`, measured operation by operation on its device.
 
-The cost model (`harness.throughput`) needs what one plain decode step, one verify forward of
+The cost model (`harness.core.throughput`) needs what one plain decode step, one verify forward of
 k + 1 tokens, one draft step and one draft feed cost on the engine's own kernels. Each is
 timed in isolation against a real cached prefix (the prompt prefilled into the target's and
 the draft's caches), the cache cropped back after every repeat so each repeat sees the same
@@ -17,9 +17,9 @@ from collections.abc import Callable, Sequence
 import torch
 from transformers import DynamicCache
 
+from harness.core.throughput import StepCosts
 from harness.engines.speculative import Eagle3Runtime
 from harness.models.draft import DraftKV
-from harness.throughput import StepCosts
 
 
 def synchronizer(device: torch.device) -> Callable[[], None]:

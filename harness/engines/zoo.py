@@ -26,7 +26,7 @@ from typing import ClassVar
 
 import torch
 
-from harness.boundaries import Convention, get_convention
+from harness.core.boundaries import Convention, get_convention
 from harness.engines.reference import ReferenceEngine
 from harness.models.draft import DraftKV
 from harness.models.residual import TargetStates

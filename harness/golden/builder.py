@@ -22,6 +22,7 @@ import torch
 import transformers
 from safetensors.torch import save_file
 
+from harness.core.tolerances import CANARY_FRACTION
 from harness.golden.bundle import FORMAT_VERSION, MANIFEST, TENSORS, load_bundle, sha256_file
 from harness.golden.corpus import PAD, Language, language_record, make_language, sample_batch
 from harness.golden.features import aux_features, target_features
@@ -47,7 +48,6 @@ from harness.golden.wirings import (
 )
 from harness.models.draft import DraftConfig, Eagle3Draft
 from harness.models.target import load_target
-from harness.tolerances import CANARY_FRACTION
 
 NUM_DRAFT_TOKENS = 4
 DRAFT_VOCAB_SIZE = 160

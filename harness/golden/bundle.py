@@ -18,7 +18,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 
-from harness.config_schema import draft_config_problems, target_config_problems
+from harness.core.config_schema import draft_config_problems, target_config_problems
 from harness.golden.integrity import confined, open_problem
 
 FORMAT_VERSION = 1
@@ -236,7 +236,7 @@ def _served_tables_problem(draft: dict[str, Any], heldout: int) -> str | None:
 
 
 def _check_configs(root: Path, manifest: dict[str, Any], drafts: dict[str, DraftSpec]) -> None:
-    """Draft and target configs typed as the engines read them (see harness.config_schema)."""
+    """Draft and target configs typed as the engines read them (see harness.core.config_schema)."""
     folder = manifest["target"].get("folder", "target")
     configs = [(f"{folder}/config.json", target_config_problems)]
     configs += [(f"{spec.folder}/config.json", draft_config_problems) for spec in drafts.values()]

@@ -8,7 +8,7 @@ them by. Measured against ONE same-dtype computation (the reference engine's), t
 is the reference's own error: the reference passes by construction and a correct engine with
 other kernels (vLLM on the CPU in bf16: slot medians 2.2x the reference's) fails. The envelope
 is, per token and boundary, the largest error any correct implementation makes, so a correct
-engine is judged against the spread of correct engines (harness.tolerances.REASONS).
+engine is judged against the spread of correct engines (harness.core.tolerances.REASONS).
 
 Routing near-ties: a DeepSeek router picks the top-k experts by score. Where two scores are
 closer than rounding can move them, correct implementations pick different experts and the
@@ -26,6 +26,7 @@ from pathlib import Path
 
 import torch
 
+from harness.core.tolerances import tolerance_for
 from harness.golden.features import TargetFeatures, relative_errors, target_features
 from harness.models.target import decoder_layers, routing_margin
 from harness.models.variants import (
@@ -37,7 +38,6 @@ from harness.models.variants import (
     load_implementation,
     record_routing,
 )
-from harness.tolerances import tolerance_for
 
 
 @dataclass

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from harness.boundaries import get_convention
+from harness.core.boundaries import get_convention
 from harness.engines.speculative import Eagle3Runtime
 from harness.models.draft import Eagle3Draft
 from harness.models.residual import TargetStates
@@ -119,7 +119,7 @@ def choose_canary(traces: dict[str, list[list[int]]], count: int, fraction: floa
     """The `count` held-out prompts where serving as trained beats the best wrong wiring by
     most (ties: the higher served acceptance, then the lower index), and the threshold
     `fraction` of the way from the best wrong wiring's acceptance on them to the served one
-    (`harness.tolerances.CANARY_REASON` says why that fraction)."""
+    (`harness.core.tolerances.CANARY_REASON` says why that fraction)."""
     served = traces[SERVED]
     wrong = {k: v for k, v in traces.items() if k != SERVED}
 

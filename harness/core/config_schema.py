@@ -37,7 +37,7 @@ def _positive_int(cfg: dict, key: str, required: bool) -> Problem | None:
 
 def layer_ids_problem(ids: Any, where: str) -> Problem | None:
     """The id list itself: a non-empty list of distinct integers (ranges depend on the
-    convention and are checked by `harness.boundaries`)."""
+    convention and are checked by `harness.core.boundaries`)."""
     if not isinstance(ids, list):
         return where, f"is {ids!r}, must be a list of integer layer ids, e.g. [1, 3, 4]"
     if not ids:
