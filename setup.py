@@ -3,7 +3,7 @@
 pyproject.toml holds the metadata. The suites (suites/) and the bundle (golden/tiny-dsv3) live
 at the top of the checkout, where `pip install -e .` and a plain `pytest suites` use them; a
 wheel copies them into the package as harness/_bundled/{suites,golden/tiny-dsv3}, where
-harness.paths finds them when no checkout is around (issue #35: an installed package must run
+harness.golden.paths finds them when no checkout is around (issue #35: an installed package must run
 the suite outside the repository).
 """
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.paths import suites_path
+from harness.golden.paths import suites_path
 from harness.registry import resolve_engine
 
 

@@ -44,6 +44,7 @@ from harness.engines.reference import ReferenceEngine
 from harness.engines.zoo import MUTANTS
 from harness.golden.bundle import load_bundle
 from harness.golden.oracle import Oracle
+from harness.golden.paths import default_bundle_path
 from harness.mutant_scan import (
     Served,
     bundle_drafts,
@@ -52,7 +53,6 @@ from harness.mutant_scan import (
     factory_drafts,
     same_capture,
 )
-from harness.paths import default_bundle_path
 
 CONTROL = "reference"
 

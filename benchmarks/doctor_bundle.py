@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 from harness.doctor import NESTED, with_ids
-from harness.paths import default_bundle_path
+from harness.golden.paths import default_bundle_path
 
 BUNDLE = default_bundle_path()
 

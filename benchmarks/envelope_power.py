@@ -32,7 +32,7 @@ from harness.core.tolerances import DTYPES
 from harness.golden.bundle import load_bundle
 from harness.golden.features import TargetFeatures
 from harness.golden.oracle import Oracle
-from harness.paths import default_bundle_path
+from harness.golden.paths import default_bundle_path
 
 GRID = [2.0 ** -k for k in range(12, -1, -1)]  # 1/4096 .. 1
 

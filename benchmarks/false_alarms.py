@@ -48,8 +48,8 @@ from harness.engines.reference import ReferenceEngine
 from harness.golden.bundle import load_bundle
 from harness.golden.envelope import Envelope, envelope_members
 from harness.golden.oracle import Oracle
+from harness.golden.paths import default_bundle_path
 from harness.models.variants import implementation as variant
-from harness.paths import default_bundle_path
 from harness.strategies import SPECIAL_TOKENS
 
 CHECKS = ("capture", "fc", "batch_invariance", "lossless", "acceptance_trace")

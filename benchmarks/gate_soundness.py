@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 from pytest_benchmark.session import PerformanceRegression
 
-from harness.paths import suites_path
+from harness.golden.paths import suites_path
 
 SLOW = "harness.engines.zoo:Slowdown20"
 

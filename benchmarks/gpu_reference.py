@@ -20,7 +20,7 @@ from harness.engines.reference import ReferenceEngine
 from harness.golden.bundle import load_bundle
 from harness.golden.corpus import manifest_language, sample_batch
 from harness.golden.oracle import Oracle
-from harness.paths import default_bundle_path
+from harness.golden.paths import default_bundle_path
 
 
 def prompts_for(oracle: Oracle, count: int) -> list[list[int]]:

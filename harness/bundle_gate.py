@@ -29,7 +29,7 @@ def is_pinned(bundle: Bundle) -> bool:
 
 def is_committed(bundle: Bundle) -> bool:
     """The bundle is the committed golden/<name> of this checkout (by location, links resolved)."""
-    from harness.paths import default_bundle_path
+    from harness.golden.paths import default_bundle_path
 
     try:
         return bundle.path.resolve() == default_bundle_path().resolve()

@@ -133,7 +133,7 @@ def git_state(root: Path) -> dict[str, Any]:
 
 def suite_commit(root: Path) -> dict[str, Any]:
     """The checkout's commit, or an installed wheel's (recorded by setup.py at build time)."""
-    from harness.paths import BUNDLED_ROOT
+    from harness.golden.paths import BUNDLED_ROOT
 
     state = git_state(root)
     if state["commit"] is not None:
@@ -215,7 +215,7 @@ def build_certificate(report: Mapping[str, Any], report_text: str) -> dict[str, 
     bundle lay) are read here, at the end of the run that produced it."""
     from harness import __version__
     from harness.golden.bundle import sha256_file
-    from harness.paths import REPO_ROOT
+    from harness.golden.paths import REPO_ROOT
 
     out = _summary(report)
     adapter = adapter_source(out["engine"]["class"])

@@ -127,7 +127,7 @@ def _report_dir(given: str | Path) -> Path:
 
 
 def _suites() -> Path:
-    from harness.paths import suites_path
+    from harness.golden.paths import suites_path
 
     suites = suites_path()
     if not suites.is_dir():

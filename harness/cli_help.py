@@ -80,7 +80,7 @@ def version_text() -> str:
     """`eagle3-conformance 0.1.0 (commit 0123abcd…)`: what a certificate's suite entry says."""
     from harness import __version__
     from harness.certificate import suite_commit
-    from harness.paths import REPO_ROOT
+    from harness.golden.paths import REPO_ROOT
 
     state = suite_commit(REPO_ROOT)
     commit = state["commit"]

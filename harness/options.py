@@ -139,7 +139,7 @@ def bundle_path(given: str | Path | None) -> Path:
     empty `--bundle ''` is refused by `validate`, never read as "the default"."""
     if given is not None:
         return Path(given)
-    from harness.paths import default_bundle_path
+    from harness.golden.paths import default_bundle_path
 
     return default_bundle_path()
 

@@ -113,7 +113,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 def _is_check(item: pytest.Item) -> bool:
     if PLUGIN_FIXTURES & set(getattr(item, "fixturenames", ())):
         return True
-    from harness.paths import suites_path
+    from harness.golden.paths import suites_path
 
     return Path(item.path).resolve().is_relative_to(suites_path().resolve())
 
@@ -134,7 +134,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     if given:
         state.xfails_path = Path(given)
     else:
-        from harness.paths import suites_path
+        from harness.golden.paths import suites_path
 
         state.xfails_path = suites_path() / "xfails" / xfails_file_name(state.engine_name)
     try:

@@ -42,6 +42,7 @@ from harness.golden.builder import (
 from harness.golden.bundle import MANIFEST, sha256_file
 from harness.golden.corpus import Language, make_language, manifest_language
 from harness.golden.language_stats import text_stats, word_parse
+from harness.golden.paths import default_bundle_path
 from harness.golden.training import (
     TTT_STEPS,
     bigram_accuracy,
@@ -52,7 +53,6 @@ from harness.golden.training import (
 from harness.golden.wirings import SERVED, mean_acceptance_length, per_prompt_acceptance, wirings
 from harness.models.draft import Eagle3Draft
 from harness.models.target import build_target, load_target, target_config_dict
-from harness.paths import default_bundle_path
 from research.bundle_levers import boundary_stats
 from research.ttt_profile import step_hits
 

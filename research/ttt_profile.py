@@ -23,10 +23,10 @@ from safetensors.torch import load_file
 
 from harness.golden.corpus import BOS, RECALL, RECALL_EVERY, Language, manifest_language
 from harness.golden.features import aux_features, target_features
+from harness.golden.paths import default_bundle_path
 from harness.golden.training import TTT_STEPS, ttt_forward
 from harness.models.draft import Eagle3Draft
 from harness.models.target import load_target
-from harness.paths import default_bundle_path
 
 
 def classified_sample(lang: Language, length: int, g: torch.Generator) -> tuple[list[int], list[str]]:

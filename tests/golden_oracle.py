@@ -9,7 +9,7 @@ import pytest
 
 from harness.golden.bundle import BundleError, load_bundle
 from harness.golden.oracle import Oracle
-from harness.paths import default_bundle_path
+from harness.golden.paths import default_bundle_path
 
 
 @cache

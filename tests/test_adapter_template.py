@@ -20,7 +20,7 @@ from harness.core.boundaries import CONVENTIONS, Convention
 from harness.engines.base import EngineOptions
 from harness.golden.bundle import load_bundle
 from harness.golden.oracle import Oracle
-from harness.paths import default_bundle_path
+from harness.golden.paths import default_bundle_path
 
 ROOT = Path(__file__).resolve().parents[1]
 TEMPLATE = ROOT / "examples" / "template_adapter.py"

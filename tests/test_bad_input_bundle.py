@@ -112,7 +112,7 @@ def test_pinned_digest_detects_rehashed_tampering(tmp_path: Path,
                                                   capsys: pytest.CaptureFixture[str]) -> None:
     """The committed bundle passes --pinned; a copy with one config value changed and every
     hash recomputed passes the plain verify (self-consistent) but not --pinned."""
-    from harness.paths import default_bundle_path
+    from harness.golden.paths import default_bundle_path
 
     committed = default_bundle_path()
     assert cli.main(["golden", "verify", "--pinned", str(committed)]) == 0
@@ -131,7 +131,7 @@ def test_committed_manifest_is_the_pinned_one() -> None:
     import hashlib
 
     from harness.golden.integrity import PINNED_MANIFESTS
-    from harness.paths import default_bundle_path
+    from harness.golden.paths import default_bundle_path
 
     data = (default_bundle_path() / "manifest.json").read_bytes()
     assert hashlib.sha256(data).hexdigest() == PINNED_MANIFESTS[json.loads(data)["name"]]

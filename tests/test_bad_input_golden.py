@@ -118,9 +118,9 @@ def test_a_file_in_the_bundle_that_is_a_symlink_loop(smoke_bundle: Path, tmp_pat
 
 def _as_committed(bundle: Path, monkeypatch: pytest.MonkeyPatch, pinned_from: Path) -> None:
     """Make `bundle` the checkout's committed bundle, pinned at `pinned_from`'s manifest."""
-    import harness.paths
+    import harness.golden.paths
 
-    monkeypatch.setattr(harness.paths, "default_bundle_path", lambda: bundle)
+    monkeypatch.setattr(harness.golden.paths, "default_bundle_path", lambda: bundle)
     digest = hashlib.sha256((pinned_from / "manifest.json").read_bytes()).hexdigest()
     monkeypatch.setitem(integrity.PINNED_MANIFESTS, json.loads((pinned_from / "manifest.json").read_text())["name"],
                         digest)

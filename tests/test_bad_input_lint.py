@@ -123,7 +123,7 @@ def test_ids_no_convention_reads_are_an_error_naming_the_fix() -> None:
 
 def _embed_first(tmp: Path, ids: list[int]) -> Path:
     from harness.doctor import NESTED, with_ids
-    from harness.paths import default_bundle_path
+    from harness.golden.paths import default_bundle_path
 
     return with_ids(default_bundle_path() / "draft-embed-first", ids, NESTED, tmp)
 
@@ -131,8 +131,8 @@ def _embed_first(tmp: Path, ids: list[int]) -> Path:
 def test_a_correct_minus_one_draft_lints_clean(tmp_path: Path) -> None:
     """The motivating draft written correctly, ids [-1, 3, 5] ("-1 = embedding"): no error (it
     was told "use ids >= 0"), and the readings say what it means there and where it is invalid."""
+    from harness.golden.paths import default_bundle_path
     from harness.lint import convention_readings
-    from harness.paths import default_bundle_path
 
     target = json.loads((default_bundle_path() / "target" / "config.json").read_text())
     assert lint_draft(_embed_first(tmp_path, [-1, 3, 5]), target, None) == []
@@ -145,7 +145,7 @@ def test_a_correct_minus_one_draft_lints_clean(tmp_path: Path) -> None:
 
 
 def test_ids_valid_nowhere_fail_lint_without_a_convention(tmp_path: Path) -> None:
-    from harness.paths import default_bundle_path
+    from harness.golden.paths import default_bundle_path
 
     target = json.loads((default_bundle_path() / "target" / "config.json").read_text())
     problems = [str(p) for p in lint_draft(_embed_first(tmp_path, [-3, 3, 5]), target, None)]

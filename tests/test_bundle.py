@@ -12,7 +12,7 @@ import pytest
 from safetensors.torch import load_file, save_file
 
 from harness.golden.bundle import BundleError, load_bundle, sha256_file
-from harness.paths import default_bundle_path
+from harness.golden.paths import default_bundle_path
 
 BUNDLE = default_bundle_path()
 

@@ -16,6 +16,7 @@ from harness.engines.base import EngineOptions
 from harness.engines.reference import ReferenceEngine
 from harness.engines.zoo import MUTANTS
 from harness.golden.bundle import BundleError, load_bundle
+from harness.golden.paths import default_bundle_path
 from harness.golden.wirings import (
     SERVED,
     choose_canary,
@@ -25,7 +26,6 @@ from harness.golden.wirings import (
 )
 from harness.models.draft import Eagle3Draft
 from harness.models.target import load_target
-from harness.paths import default_bundle_path
 
 # the hooks through which a mutant changes what the draft is fed: the slots' boundaries, the
 # state in a slot, their concatenation, fc (hangs are the timeout layer's, not the canary's)

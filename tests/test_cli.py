@@ -138,7 +138,7 @@ def test_run_prints_the_verdict_line(tmp_path: Path) -> None:
         import sys
         from pathlib import Path
         import harness.cli as cli
-        import harness.paths as paths
+        import harness.golden.paths as paths
         paths.suites_path = lambda: Path({str(suites)!r})
         cli._check_bundle = lambda path, drafts: None
         sys.exit(cli.main(["run", "--report-dir", {str(tmp_path / "out")!r},

@@ -23,7 +23,7 @@ import pytest
 
 from harness.cli import main
 from harness.doctor import NESTED, TOP_LEVEL, DoctorError, config_layout, with_ids
-from harness.paths import default_bundle_path
+from harness.golden.paths import default_bundle_path
 
 BUNDLE = default_bundle_path()
 TARGET = str(BUNDLE / "target")

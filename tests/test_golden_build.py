@@ -16,7 +16,7 @@ import pytest
 from harness import cli
 from harness.golden.builder import BUILD_SIZES, build_bundle, draft_recipes
 from harness.golden.bundle import bundle_differences, load_bundle, sha256_file
-from harness.paths import default_bundle_path
+from harness.golden.paths import default_bundle_path
 
 
 @pytest.fixture(scope="module")

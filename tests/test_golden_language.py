@@ -19,7 +19,7 @@ from harness.golden.corpus import (
     sample_batch,
 )
 from harness.golden.language_stats import text_stats, word_parse
-from harness.paths import default_bundle_path
+from harness.golden.paths import default_bundle_path
 
 
 def _deterministic(lang):

@@ -38,13 +38,13 @@ from harness.engines.speculative import Eagle3Runtime
 from harness.engines.step_costs import measure_step_costs, synchronizer
 from harness.golden.bundle import load_bundle
 from harness.golden.features import target_features
+from harness.golden.paths import default_bundle_path
 from harness.models.presets import (
     build_target_on,
     motivating_depth_config,
     random_draft,
     width_realistic_config,
 )
-from harness.paths import default_bundle_path
 
 pytestmark = [
     pytest.mark.gpu,

@@ -32,7 +32,7 @@ from harness.golden.bundle import load_bundle
 from harness.golden.envelope import Envelope
 from harness.golden.features import TargetFeatures, relative_errors
 from harness.golden.oracle import Oracle
-from harness.paths import default_bundle_path
+from harness.golden.paths import default_bundle_path
 
 FALSE_ALARMS = [
     ("specforge-default", [99, 283, 496, 327, 504, 45, 431, 374, 69, 508, 10, 208, 489, 350, 216, 164, 4, 112, 10, 370,

@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 
 from harness.golden.corpus import manifest_language, sample_batch
-from harness.paths import default_bundle_path
+from harness.golden.paths import default_bundle_path
 
 ROOT = Path(__file__).resolve().parents[1]
 

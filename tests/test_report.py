@@ -17,7 +17,7 @@ from hypothesis import settings
 
 from harness import report as rep
 from harness import report_md
-from harness.paths import default_bundle_path
+from harness.golden.paths import default_bundle_path
 
 pytest_plugins = ["pytester"]
 

@@ -19,8 +19,8 @@ from harness.core.tolerances import rtol_for
 from harness.golden.bundle import load_bundle
 from harness.golden.features import target_features
 from harness.golden.oracle import Oracle
+from harness.golden.paths import default_bundle_path
 from harness.models.residual import StateRecorder
-from harness.paths import default_bundle_path
 
 REPRODUCTION_RTOL = 1e-4
 

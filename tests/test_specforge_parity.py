@@ -42,10 +42,10 @@ from harness.golden.builder import REGEN_PROMPT_LEN, BuildSize
 from harness.golden.bundle import Bundle, load_bundle
 from harness.golden.corpus import manifest_language, sample_batch
 from harness.golden.features import relative_errors, target_features
+from harness.golden.paths import default_bundle_path
 from harness.golden.training import TTT_STEPS, regenerate, ttt_forward
 from harness.models.draft import Eagle3Draft
 from harness.models.target import load_target
-from harness.paths import default_bundle_path
 
 MISSING = sf.missing()
 pytestmark = pytest.mark.skipif(MISSING is not None, reason=f"SpecForge parity: {MISSING}")

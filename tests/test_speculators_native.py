@@ -38,9 +38,9 @@ from safetensors.torch import load_file
 from harness.core.boundaries import LayerIdError, boundaries_to_ids, ids_to_boundaries
 from harness.golden.bundle import Bundle, load_bundle
 from harness.golden.draft_factory import TOP_LEVEL, DraftFactory
+from harness.golden.paths import default_bundle_path
 from harness.golden.training import ttt_forward
 from harness.models.draft import DraftConfig, Eagle3Draft, speculators_keys
-from harness.paths import default_bundle_path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SPECULATORS_VERSION = "0.9.0"

@@ -23,9 +23,9 @@ import torch
 from safetensors.torch import load_file
 
 from harness.golden.features import target_features
+from harness.golden.paths import default_bundle_path
 from harness.models.draft import Eagle3Draft
 from harness.models.target import load_target
-from harness.paths import default_bundle_path
 from harness.weight_inference import (
     BlockScores,
     greedy_prompts,

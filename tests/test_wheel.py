@@ -85,7 +85,7 @@ def test_the_unpacked_wheel_runs_the_suite_outside_the_checkout(wheel: Path, tmp
         return subprocess.run([sys.executable, "-m", "harness.cli", *argv], capture_output=True,
                               text=True, env=env, cwd=work, timeout=600, check=False)
 
-    where = subprocess.run([sys.executable, "-c", "import harness.paths as p; "
+    where = subprocess.run([sys.executable, "-c", "import harness.golden.paths as p; "
                             "print(p.suites_path()); print(p.default_bundle_path())"],
                            capture_output=True, text=True, env=env, cwd=work, check=True).stdout
     assert where.split() == [str(site / "harness" / "_bundled" / "suites"),

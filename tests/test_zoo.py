@@ -24,7 +24,7 @@ from harness.engines.speculative import Eagle3Runtime
 from harness.engines.zoo import MUTANTS, Mutant
 from harness.golden.bundle import BundleError, load_bundle
 from harness.golden.draft_factory import FORMATS, DraftFactory
-from harness.paths import default_bundle_path
+from harness.golden.paths import default_bundle_path
 from harness.registry import known_names, resolve_engine
 from harness.timeouts import EngineHang, call_with_deadline
 

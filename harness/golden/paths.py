@@ -8,8 +8,8 @@ from pathlib import Path
 
 from harness.golden.bundle import DEFAULT_BUNDLE_NAME
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-BUNDLED_ROOT = Path(__file__).resolve().parent / "_bundled"
+REPO_ROOT = Path(__file__).resolve().parents[2]
+BUNDLED_ROOT = Path(__file__).resolve().parents[1] / "_bundled"
 
 
 def _root() -> Path:
