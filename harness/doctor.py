@@ -628,7 +628,7 @@ class _Doctor:
     def _fix(self, outcome: Any, diag: Any) -> dict[str, Any] | None:
         """The id list that makes the engine feed the weights' best candidate, re-served."""
         from harness.core.boundaries import LayerIdError, boundaries_to_ids
-        from harness.observed_convention import fix_result
+        from harness.diagnosis.observed_convention import fix_result
 
         trained = list(outcome.trained)
         fix_ids = list(diag.suggested_layer_ids) if diag is not None and diag.suggested_layer_ids else None
@@ -672,8 +672,8 @@ class _Doctor:
 
     def _report(self, outcome: Any, inference: Any, diag: Any, fed: list[Any] | None,
                 fix: dict[str, Any] | None, prompts: list[list[int]]) -> int:
+        from harness.diagnosis.observed_convention import Observation
         from harness.doctor_outcome import CANNOT_TELL, WIRED
-        from harness.observed_convention import Observation
         from harness.report import ReportCollector, verdict_line, write_reports
 
         collector = ReportCollector()

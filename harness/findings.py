@@ -33,7 +33,7 @@ def who_acts(kind: str) -> str:
 
 
 def fix_class(result: str) -> str:
-    """CSS class of a re-served fix's result text (harness.observed_convention.fix_result):
+    """CSS class of a re-served fix's result text (harness.diagnosis.observed_convention.fix_result):
     "ok" for verified or nothing to fix, "warn" where no id list can fix it (the engine must
     change), "bad" where the suggested fix failed."""
     text = result.strip().lower()

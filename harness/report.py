@@ -129,7 +129,7 @@ class ReportCollector:
         self.engine_unavailable: str | None = None
         self.engine_constructions: dict[str, int] = {}
         # the layer-id check's evidence: one observation per (layout, ids, told convention)
-        # served, and each suggested fix re-served (see harness.observed_convention)
+        # served, and each suggested fix re-served (see harness.diagnosis.observed_convention)
         self.observations: dict[tuple[Any, ...], dict[str, Any]] = {}
         self.fixes: dict[str, dict[str, Any]] = {}
         self.not_run_list: list[dict[str, str]] = []
@@ -158,7 +158,7 @@ class ReportCollector:
         self.check(key, key).add_diagnosis(diagnosis)
 
     def observe(self, observation: Any) -> None:
-        """Record one draft config served (a harness.observed_convention.Observation); the
+        """Record one draft config served (a harness.diagnosis.observed_convention.Observation); the
         first observation of a (layout, ids, told) stays, later prompts add nothing."""
         data = diagnosis_json(observation)
         key = (data["layout"], tuple(data["ids"]), data.get("told"))
@@ -224,7 +224,7 @@ class ReportCollector:
 
     def _observed_convention(self) -> dict[str, Any]:
         """Always present (a stable key): empty layouts where the layer-id check did not run."""
-        from harness.observed_convention import Observation, infer
+        from harness.diagnosis.observed_convention import Observation, infer
 
         return infer([Observation.from_json(o) for o in self.observations.values()],
                      [self.fixes[d] for d in sorted(self.fixes)])

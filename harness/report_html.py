@@ -341,7 +341,7 @@ def acceptance_html(report: dict[str, Any]) -> str:
 
 def convention_html(observed: dict[str, Any] | None) -> str:
     """The layer-id convention the engine showed, per config layout, and each fix re-served."""
-    from harness.observed_convention import summary_line
+    from harness.diagnosis.observed_convention import summary_line
 
     if not observed or not (observed.get("layouts") or observed.get("fixes")):
         return ""

@@ -106,7 +106,7 @@ def render_markdown(report: dict[str, Any]) -> str:
 def _observed_markdown(observed: dict[str, Any] | None, level: str) -> list[str]:
     """The observed layer-id convention, per layout: rule, order, crashes, trainers served,
     the lists behind it, and each suggested fix re-served."""
-    from harness.observed_convention import summary_line
+    from harness.diagnosis.observed_convention import summary_line
 
     if not observed or not (observed.get("layouts") or observed.get("fixes")):
         return []

@@ -47,6 +47,13 @@ from harness.core.boundaries import (
 )
 from harness.diagnosis.capture import embedding_only, embedding_or_shift
 from harness.diagnosis.crash import crash_diagnosis
+from harness.diagnosis.observed_convention import (
+    TRAINERS,
+    Observation,
+    fix_result,
+    literal_ids,
+    trained_as,
+)
 from harness.diagnosis.record import Diagnosis
 from harness.engines.base import (
     Capability,
@@ -60,7 +67,6 @@ from harness.golden.bundle import Bundle, DraftSpec
 from harness.golden.draft_factory import FORMATS, NESTED, DraftFactory
 from harness.golden.oracle import Oracle
 from harness.lint import lint_draft
-from harness.observed_convention import TRAINERS, Observation, fix_result, literal_ids, trained_as
 from harness.profiles import layer_id_examples, layer_id_startup_budget_s
 from harness.strategies import invalid_layer_id_configs, layer_id_configs, pinned_prompt_rows
 from harness.timeouts import (

@@ -1,10 +1,10 @@
-"""Inferring an engine's layer-id rule from the configs it served (harness.observed_convention):
+"""Inferring an engine's layer-id rule from the configs it served (harness.diagnosis.observed_convention):
 each candidate rule is recognised from the lists that separate it, ambiguity is reported as
 ambiguity, and the fix wording says what was measured."""
 
 from __future__ import annotations
 
-from harness.observed_convention import (
+from harness.diagnosis.observed_convention import (
     DEFAULTS,
     Observation,
     disagreements,

@@ -25,11 +25,11 @@ import torch
 
 from harness import report as rep
 from harness.diagnosis.capture import diagnose_capture
+from harness.diagnosis.observed_convention import Observation
 from harness.findings import fix_class
 from harness.golden.features import target_features
 from harness.golden.paths import default_bundle_path
 from harness.models.target import build_target, target_config_dict
-from harness.observed_convention import Observation
 from harness.report_html import render_page
 
 ROOT = Path(__file__).resolve().parents[1]

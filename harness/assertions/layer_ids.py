@@ -13,9 +13,9 @@ def assert_convention_as_declared(declared: str, layout: str, observations: Sequ
                                   diagnoses: Sequence[Diagnosis] = ()) -> None:
     """The engine read every id list served in `layout` the way the convention it declares (or,
     for an engine that honours training, the convention it was told) says. `observations`:
-    harness.observed_convention.Observation; `diagnoses`: the capture diagnoses of the lists
+    harness.diagnosis.observed_convention.Observation; `diagnoses`: the capture diagnoses of the lists
     that differed from that prediction."""
-    from harness.observed_convention import disagreements, infer_layout
+    from harness.diagnosis.observed_convention import disagreements, infer_layout
 
     wrong = disagreements(declared, observations)
     if wrong:
@@ -32,7 +32,7 @@ def assert_convention_as_declared(declared: str, layout: str, observations: Sequ
 def assert_fix_holds(result: str, holds: bool, diagnoses: Sequence[Diagnosis] = ()) -> None:
     """A suggested id list, re-served, made the engine capture the training boundaries (or a
     "no id list fixes this" claim survived the literal ids); `result` words it either way
-    (harness.observed_convention.fix_result)."""
+    (harness.diagnosis.observed_convention.fix_result)."""
     if not holds:
         raise ConformanceFailure(result, list(diagnoses))
 

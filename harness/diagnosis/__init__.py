@@ -11,4 +11,7 @@ id list (or engine fix) that removes it. It words causes; it never decides pass/
 - `draft_side`: the kinds seen past the capture (fc, vocabulary map, draft cache);
 - `decode`: the kinds seen in the draft's decode-time feeds and in request history;
 - `crash`: reading a cause out of an engine's error message.
+- `observed_convention`: the layer-id rule an engine was measured to apply over every
+  config it was served, and whose drafts it therefore serves as trained (torch-free: the
+  report renders it).
 """
