@@ -19,7 +19,7 @@ from setuptools.command.build_py import build_py
 
 ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT))
-from harness.certificate import git_state  # noqa: E402  (stdlib-only module)
+from harness.reports.certificate import git_state  # noqa: E402  (stdlib-only module)
 
 BUNDLED = ("suites", "golden/tiny-dsv3")
 

@@ -32,8 +32,8 @@ from harness.options import (
     validate,
 )
 from harness.pytest_modes import non_run_flag
-from harness.report import clear_reports, verdict_line, write_atomic
-from harness.report_md import kept_sections, render_conformance_table
+from harness.reports.report import clear_reports, verdict_line, write_atomic
+from harness.reports.report_md import kept_sections, render_conformance_table
 from harness.run_inputs import (
     device_problem,
     input_path_problem,
@@ -448,7 +448,7 @@ def cmd_table(a: argparse.Namespace, extra: Sequence[str]) -> int:
 
 def cmd_verify_certificate(a: argparse.Namespace, extra: Sequence[str]) -> int:
     """Exit 0 when the certificate matches its report (and the bundle), 1 when not."""
-    from harness.certificate import CertificateError, summary_line, verify_paths
+    from harness.reports.certificate import CertificateError, summary_line, verify_paths
 
     try:
         cert, problems = verify_paths(Path(a.certificate), Path(a.report) if a.report else None,

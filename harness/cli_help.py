@@ -79,8 +79,8 @@ def apply_examples(parser: argparse.ArgumentParser, path: str = "") -> None:
 def version_text() -> str:
     """`eagle3-conformance 0.1.0 (commit 0123abcd…)`: what a certificate's suite entry says."""
     from harness import __version__
-    from harness.certificate import suite_commit
     from harness.golden.paths import REPO_ROOT
+    from harness.reports.certificate import suite_commit
 
     state = suite_commit(REPO_ROOT)
     commit = state["commit"]

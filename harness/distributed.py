@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Any
 
-from harness.report import CheckResult, ReportCollector
+from harness.reports.report import CheckResult, ReportCollector
 
 PAYLOAD_KEY = "eagle3_conformance"
 

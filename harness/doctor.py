@@ -97,7 +97,7 @@ def prepare_report_dir(path: Path) -> Path:
     """The report folder, refused before any work if it cannot take a report (a file, a folder
     that cannot be created or written), and emptied of an earlier report first, so a doctor
     refused later leaves no stale verdict behind."""
-    from harness.report import clear_reports
+    from harness.reports.report import clear_reports
 
     path = Path(path)
     if path.exists() and not path.is_dir():
@@ -674,7 +674,7 @@ class _Doctor:
                 fix: dict[str, Any] | None, prompts: list[list[int]]) -> int:
         from harness.diagnosis.observed_convention import Observation
         from harness.doctor_outcome import CANNOT_TELL, WIRED
-        from harness.report import ReportCollector, verdict_line, write_reports
+        from harness.reports.report import ReportCollector, verdict_line, write_reports
 
         collector = ReportCollector()
         check = collector.check("doctor::capture", "doctor::capture", self.i.draft.name, True)

@@ -15,7 +15,7 @@ from collections.abc import Iterable
 import torch
 
 from harness.diagnosis.record import Diagnosis
-from harness.report import ConformanceFailure
+from harness.reports.report import ConformanceFailure
 
 NON_FINITE = "non_finite"
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from harness.core.tolerances import DTYPES
 from harness.registry import EngineLookupError, check_engine_name
-from harness.report import clear_reports
+from harness.reports.report import clear_reports
 from harness.run_inputs import (
     input_path_problem,
     output_dir_problem,

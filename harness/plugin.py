@@ -3,7 +3,7 @@
 Every check runs once per draft of the bundle (`draft_name` is a session-scoped parameter, so
 pytest groups the checks by draft and each engine is built once per draft and closed when the
 next draft's begins, never two engines alive at once). A check fails through
-`harness.assertions.fail` (a `harness.report.ConformanceFailure(message, diagnoses)`, which
+`harness.assertions.fail` (a `harness.reports.report.ConformanceFailure(message, diagnoses)`, which
 attaches the diagnoses to the check in report.json). An `EngineCrash` out of a check is turned
 into one here, diagnosed against the draft's spec, since this is the layer that holds it.
 
@@ -25,7 +25,6 @@ from hypothesis import settings as hypothesis_settings
 from hypothesis.errors import InvalidArgument
 
 from harness import distributed, profiles
-from harness.certificate import certificate_files
 from harness.diagnosis.record import failing_diagnoses
 from harness.options import (
     RUN_OPTIONS,
@@ -34,10 +33,11 @@ from harness.options import (
     prepare_report_dir,
     validate,
 )
-from harness.outcomes import check_outcome, exception_message, root_failure
 from harness.pytest_modes import non_run_mode
 from harness.registry import engine_path
-from harness.report import ReportCollector, verdict_line, write_reports
+from harness.reports.certificate import certificate_files
+from harness.reports.outcomes import check_outcome, exception_message, root_failure
+from harness.reports.report import ReportCollector, verdict_line, write_reports
 from harness.session import State
 from harness.xfails import XfailRule, XfailsError, check_id, read_xfails, xfails_file_name
 

@@ -16,7 +16,7 @@ import pytest
 
 from harness.options import OptionError, bundle_path, load_run_bundle
 from harness.registry import EngineLookupError, resolve_engine
-from harness.report import ReportCollector
+from harness.reports.report import ReportCollector
 
 
 @dataclass

@@ -52,7 +52,7 @@ from typing import Any, TypeVar
 import pytest
 
 from harness.diagnosis.record import Diagnosis
-from harness.report import ConformanceFailure
+from harness.reports.report import ConformanceFailure
 
 T = TypeVar("T")
 

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from harness import cli
-from harness.report import REPORT_FILES  # certificate.json and badge.svg too
+from harness.reports.report import REPORT_FILES  # certificate.json and badge.svg too
 
 STALE = {"summary": {"verdict": "conformant"}, "stale": True}
 

@@ -19,11 +19,11 @@ from typing import Any
 
 import pytest
 
-from harness import certificate as cert_mod
 from harness import cli
-from harness.badge import COLOURS, GREY, PARTIAL, render_badge
 from harness.golden.paths import default_bundle_path
 from harness.golden.pins import PINNED_MANIFESTS
+from harness.reports import certificate as cert_mod
+from harness.reports.badge import COLOURS, GREY, PARTIAL, render_badge
 from harness.schemas import problems
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -13,16 +13,17 @@ import pytest
 import yaml
 from hypothesis import settings
 
-from harness.ci_summary import render_summary
 from harness.registry import resolve_engine
+from harness.reports.ci_summary import render_summary
 
 # What the inner sessions below import at their end (the engine class the report names, the
 # certificate's modules), imported here first: an in-process pytester run drops the modules
 # it imported, and transformers' model modules imported a second time in one process fail
 # (torch's c10d TORCH_LIBRARY registered again), breaking every later test that serves a model.
 resolve_engine("reference")
-from harness import badge, certificate, schemas  # noqa: E402, F401
+from harness import schemas  # noqa: E402, F401
 from harness.golden import bundle  # noqa: E402, F401
+from harness.reports import badge, certificate  # noqa: E402, F401
 
 pytest_plugins = ["pytester"]
 ROOT = Path(__file__).resolve().parents[1]
@@ -89,7 +90,7 @@ def test_actionlint_where_installed() -> None:
 
 
 CHECKS = '''
-from harness.report import ConformanceFailure
+from harness.reports.report import ConformanceFailure
 
 def test_passes(report):
     pass
@@ -133,7 +134,7 @@ def test_step_summary_written_only_under_github_actions(pytester: pytest.Pyteste
 def test_summary_folds_repeated_findings() -> None:
     report = json.loads((ROOT / "docs" / "figures" / "h200_seed14_ci_reference_bf16.json").read_text())
     report["diagnoses"] = [{"check": f"c{i}", "kind": "offset", "message": "same"} for i in range(7)]
-    from harness.certificate import build_certificate
+    from harness.reports.certificate import build_certificate
 
     text = render_summary(report, build_certificate(report, json.dumps(report)))
     assert text.count("- `offset`: same") == 1 and "(1 distinct)" in text

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from harness import cli, report, report_md
+from harness import cli
+from harness.reports import report, report_md
 
 
 def _one_line_error(capsys: pytest.CaptureFixture[str]) -> str:

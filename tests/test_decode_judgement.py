@@ -14,7 +14,7 @@ from harness.assertions import assert_decode_inputs_match, assert_history_indepe
 from harness.engines.base import DecodeInputs, DraftFeed
 from harness.golden.features import TargetFeatures, aux_features, target_features
 from harness.models.target import build_target, target_config_dict
-from harness.report import ConformanceFailure
+from harness.reports.report import ConformanceFailure
 
 N = 8
 BOUNDARIES = [2, 4, 5]

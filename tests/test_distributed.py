@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from harness.distributed import merge_payload, worker_device
-from harness.report import CheckResult, ReportCollector
+from harness.reports.report import CheckResult, ReportCollector
 
 ROOT = Path(__file__).resolve().parents[1]
 

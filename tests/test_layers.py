@@ -24,7 +24,7 @@ def imports(path: Path) -> set[str]:
 
 
 UPPER = ("harness.diagnose", "harness.diagnosis", "harness.assertions", "harness.acceptance", "harness.plugin",
-         "harness.cli", "harness.report")
+         "harness.cli", "harness.reports.report")
 RULES = [
     ("engines/*.py", UPPER),
     ("models/*.py", UPPER + ("harness.engines", "harness.golden")),

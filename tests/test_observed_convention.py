@@ -84,8 +84,8 @@ def test_report_carries_the_observed_convention(tmp_path) -> None:
     the conformance table print the rule and each fix's result."""
     import json
 
-    from harness.report import ReportCollector
-    from harness.report_md import render_conformance_table, render_markdown
+    from harness.reports.report import ReportCollector
+    from harness.reports.report_md import render_conformance_table, render_markdown
 
     empty = ReportCollector().build(engine={"name": "e"}, bundle={}, drafts=[], dtype="float32",
                                     started=0.0, finished=1.0)

@@ -20,8 +20,8 @@ from harness.assertions import ConformanceFailure, assert_capture_matches_oracle
 from harness.diagnosis.record import Diagnosis
 from harness.engines.base import EngineOptions
 from harness.models.residual import TargetStates
-from harness.report import ReportCollector
-from harness.report_md import render_markdown
+from harness.reports.report import ReportCollector
+from harness.reports.report_md import render_markdown
 
 
 class TemplateHookOnLayerOutput(TemplateEngine):

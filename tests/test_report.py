@@ -15,15 +15,15 @@ from pathlib import Path
 import pytest
 from hypothesis import settings
 
-from harness import report as rep
-from harness import report_md
 from harness.golden.paths import default_bundle_path
+from harness.reports import report as rep
+from harness.reports import report_md
 
 pytest_plugins = ["pytester"]
 
 CHECKS = '''
 import pytest
-from harness.report import ConformanceFailure
+from harness.reports.report import ConformanceFailure
 
 DIAG = {"kind": "offset", "message": "engine fed boundaries [3, 5] <b>", "engine_boundaries": [3, 5],
         "training_boundaries": [2, 4], "suggested_layer_ids": [1, 3]}
@@ -375,7 +375,7 @@ def test_jsonable() -> None:
 
 FLAKY_CHECK = '''
 from hypothesis import HealthCheck, given, settings, strategies as st
-from harness.report import ConformanceFailure
+from harness.reports.report import ConformanceFailure
 
 CALLS = []
 

@@ -23,14 +23,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness import report as rep
 from harness.diagnosis.capture import diagnose_capture
 from harness.diagnosis.observed_convention import Observation
-from harness.findings import fix_class
 from harness.golden.features import target_features
 from harness.golden.paths import default_bundle_path
 from harness.models.target import build_target, target_config_dict
-from harness.report_html import render_page
+from harness.reports import report as rep
+from harness.reports.findings import fix_class
+from harness.reports.report_html import render_page
 
 ROOT = Path(__file__).resolve().parents[1]
 N = 8
@@ -209,7 +209,7 @@ def test_doctor_header_names_the_folders_not_a_bundle(report) -> None:
     page = render_page(doc)
     assert "bundle None" not in page and "sha256 <code></code>" not in page
     assert "target <code>/ckpt/target</code>, draft <code>/ckpt/draft</code> (on disk, no bundle)" in page
-    from harness.report_md import render_markdown
+    from harness.reports.report_md import render_markdown
 
     assert "(on disk, no bundle)" in render_markdown(doc) and "None)" not in render_markdown(doc)
     fix_cell = page.split("<th>fix</th>", 1)[1]

@@ -235,7 +235,7 @@ def test_conformance_md_holds_the_observed_convention(root: Path, tmp_path: Path
 def test_regenerating_the_table_keeps_the_sglang_section() -> None:
     """conformance-table rewrites docs/CONFORMANCE.md from reports; the SGLang section has
     none, so it must be carried over whole."""
-    from harness.report_md import kept_sections
+    from harness.reports.report_md import kept_sections
 
     text = CONFORMANCE.read_text()
     kept = kept_sections(text)

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from harness import timeouts
-from harness.report import ConformanceFailure
+from harness.reports.report import ConformanceFailure
 
 # the figure: a first call of 186 tokens of work (60 s + 600 s + 0.5 s x 186)
 FIRST_CALL_WORK = 186

@@ -31,6 +31,6 @@ from harness.assertions.fc import (
 from harness.assertions.generation import divergence, near_tie_bound
 from harness.assertions.layer_ids import assert_convention_as_declared, assert_fix_holds
 from harness.assertions.throughput import assert_speedup_consistent
-from harness.report import ConformanceFailure
+from harness.reports.report import ConformanceFailure
 
 __all__ = ['ConformanceFailure', 'FcVerdict', 'assert_canary_accepts', 'canary_line', 'assert_capture_matches', 'assert_capture_matches_oracle', 'assert_convention_as_declared', 'assert_decode_inputs_match', 'assert_fc_matches', 'assert_fix_holds', 'assert_history_independent', 'assert_speedup_consistent', 'batch_leaks', 'diagnose_batch_leak', 'crash_failure', 'divergence', 'fail', 'failure', 'fc_allowances', 'judge_fc', 'near_tie_bound', 'require', 'worst_tokens']

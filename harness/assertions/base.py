@@ -15,7 +15,7 @@ from harness.diagnosis.crash import crash_diagnosis
 from harness.diagnosis.fingerprint import relative_errors
 from harness.diagnosis.record import Diagnosis, failing_diagnoses
 from harness.engines.base import Capability, Engine
-from harness.report import ConformanceFailure
+from harness.reports.report import ConformanceFailure
 
 
 def require(engine: Engine, capability: Capability) -> None:

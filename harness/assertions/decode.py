@@ -23,7 +23,7 @@ from harness.diagnosis.decode import (
 from harness.engines.base import DecodeInputs
 from harness.finite import assert_finite
 from harness.golden.features import aux_features
-from harness.report import ConformanceFailure
+from harness.reports.report import ConformanceFailure
 
 
 def _first_misplaced(decode: DecodeInputs) -> tuple[int, int, str]:

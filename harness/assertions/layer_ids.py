@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from harness.diagnosis.record import Diagnosis, unexplained
-from harness.report import ConformanceFailure
+from harness.reports.report import ConformanceFailure
 
 
 def assert_convention_as_declared(declared: str, layout: str, observations: Sequence,

@@ -1,6 +1,6 @@
 """The report's Markdown: report.md of one run, and docs/CONFORMANCE.md (the table and the
 observed layer-id conventions of several report.json files, with the hand-written sections
-kept). Plain text from the report dict; the cell helpers are shared with harness.report_html.
+kept). Plain text from the report dict; the cell helpers are shared with harness.reports.report_html.
 """
 
 from __future__ import annotations

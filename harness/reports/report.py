@@ -4,7 +4,7 @@ Checks record metrics and diagnoses into a session `ReportCollector`; the plugin
 check's outcome. At session end the collector becomes one JSON-able dict (the schema
 DESIGN.md promises: extend it, never rename a key) and is written as report.json, report.md
 and report.html, each atomically, so a crashed or killed run never leaves a report that looks
-complete. The Markdown is harness.report_md's, the page harness.report_html's.
+complete. The Markdown is harness.reports.report_md's, the page harness.reports.report_html's.
 
 This module is imported at every pytest start (through the plugin), so it imports nothing
 heavy: diagnoses are taken by duck type (`to_json()`), never by importing torch.
@@ -28,7 +28,7 @@ from typing import Any
 
 FORMAT_VERSION = 1
 # every file a run writes into its report folder (certificate.json and badge.svg: the
-# harness.certificate pair), all removed before a run starts
+# harness.reports.certificate pair), all removed before a run starts
 REPORT_FILES = ("report.json", "report.md", "report.html", "junit.xml", "certificate.json",
                 "badge.svg")
 # Worst first: a check whose phases disagree (passed, then its teardown errored) keeps the worst.
@@ -384,8 +384,8 @@ def write_reports(report: dict[str, Any], report_dir: Path,
                   companions: Callable[[str], dict[str, str]] | None = None) -> None:
     """report.json last: its presence tells a watcher the others are complete. `companions`
     maps report.json's text to more files to write before it (the run's certificate)."""
-    from harness.report_html import render_page
-    from harness.report_md import render_markdown
+    from harness.reports.report_html import render_page
+    from harness.reports.report_md import render_markdown
 
     report_dir = Path(report_dir)
     text = report_text(report)

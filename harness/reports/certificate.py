@@ -235,9 +235,9 @@ def build_certificate(report: Mapping[str, Any], report_text: str) -> dict[str, 
 
 def certificate_files(report: Mapping[str, Any], report_text: str) -> dict[str, str]:
     """certificate.json and badge.svg for the report folder (written before report.json);
-    under GitHub Actions the summary also goes to the job page (harness.ci_summary)."""
-    from harness.badge import render_badge
-    from harness.ci_summary import append_step_summary
+    under GitHub Actions the summary also goes to the job page (harness.reports.ci_summary)."""
+    from harness.reports.badge import render_badge
+    from harness.reports.ci_summary import append_step_summary
 
     cert = build_certificate(report, report_text)
     append_step_summary(report, cert)

@@ -20,8 +20,8 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from harness.findings import fix_class, fold
-from harness.report_md import _RESULT, _diag_text, _first_line
+from harness.reports.findings import fix_class, fold
+from harness.reports.report_md import _RESULT, _diag_text, _first_line
 
 esc = html.escape
 
@@ -251,7 +251,7 @@ def _cause_html(g: dict[str, Any]) -> str:
 
 
 def root_causes_html(report: dict[str, Any]) -> str:
-    """One card per finding (harness.findings.fold): shown in full for its first draft, the
+    """One card per finding (harness.reports.findings.fold): shown in full for its first draft, the
     other drafts and every check it explains folded under it."""
     findings = fold(root_causes(report))
     if not findings:
