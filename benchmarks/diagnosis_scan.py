@@ -34,8 +34,6 @@ from pathlib import Path
 
 import torch
 
-from harness.acceptance import explain_shortfall, golden_traces
-from harness.assertions import batch_leaks, diagnose_batch_leak
 from harness.core.tolerances import DTYPES, tolerance_for
 from harness.diagnosis.record import CAPTURE_KINDS, VALUE_KINDS, Diagnosis
 from harness.engines.base import EngineOptions
@@ -45,6 +43,8 @@ from harness.engines.zoo import MUTANTS
 from harness.golden.bundle import load_bundle
 from harness.golden.oracle import Oracle
 from harness.golden.paths import default_bundle_path
+from harness.judgement.acceptance import explain_shortfall, golden_traces
+from harness.judgement.assertions import batch_leaks, diagnose_batch_leak
 from harness.mutant_scan import (
     Served,
     bundle_drafts,

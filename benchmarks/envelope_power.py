@@ -27,12 +27,12 @@ from pathlib import Path
 
 import torch
 
-from harness.assertions import ConformanceFailure, assert_capture_matches
 from harness.core.tolerances import DTYPES
 from harness.golden.bundle import load_bundle
 from harness.golden.features import TargetFeatures
 from harness.golden.oracle import Oracle
 from harness.golden.paths import default_bundle_path
+from harness.judgement.assertions import ConformanceFailure, assert_capture_matches
 
 GRID = [2.0 ** -k for k in range(12, -1, -1)]  # 1/4096 .. 1
 

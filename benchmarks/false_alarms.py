@@ -34,14 +34,6 @@ from pathlib import Path
 
 import torch
 
-from harness.acceptance import acceptance_from_traces, golden_traces, same_dtype_acceptance
-from harness.assertions import (
-    ConformanceFailure,
-    assert_capture_matches,
-    assert_fc_matches,
-    batch_leaks,
-    divergence,
-)
 from harness.core.tolerances import DTYPES, tolerance_for
 from harness.engines.base import EngineOptions
 from harness.engines.reference import ReferenceEngine
@@ -49,6 +41,18 @@ from harness.golden.bundle import load_bundle
 from harness.golden.envelope import Envelope, envelope_members
 from harness.golden.oracle import Oracle
 from harness.golden.paths import default_bundle_path
+from harness.judgement.acceptance import (
+    acceptance_from_traces,
+    golden_traces,
+    same_dtype_acceptance,
+)
+from harness.judgement.assertions import (
+    ConformanceFailure,
+    assert_capture_matches,
+    assert_fc_matches,
+    batch_leaks,
+    divergence,
+)
 from harness.models.variants import implementation as variant
 from harness.strategies import SPECIAL_TOKENS
 

@@ -13,14 +13,14 @@ from pathlib import Path
 
 import torch
 
-from harness.acceptance import heldout_prompts
-from harness.assertions import divergence
 from harness.engines.base import EngineOptions
 from harness.engines.reference import ReferenceEngine
 from harness.golden.bundle import load_bundle
 from harness.golden.corpus import manifest_language, sample_batch
 from harness.golden.oracle import Oracle
 from harness.golden.paths import default_bundle_path
+from harness.judgement.acceptance import heldout_prompts
+from harness.judgement.assertions import divergence
 
 
 def prompts_for(oracle: Oracle, count: int) -> list[list[int]]:

@@ -50,7 +50,7 @@ def committed_pin_problem(bundle: Bundle) -> str | None:
 
 def bundle_lint_problem(bundle: Bundle) -> str | None:
     """The first draft-lint problem of any draft of the bundle, as one line with the fix."""
-    from harness.lint import lint_draft
+    from harness.judgement.lint import lint_draft
 
     try:
         target_cfg: Any = json.loads((bundle.target_dir / "config.json").read_text(encoding="utf-8"))

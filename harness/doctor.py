@@ -2,7 +2,7 @@
 
 Checks every input before any work (report folder, configs, ids, prompts, convention, the
 engine's availability), lints the draft config under every known convention
-(harness.lint.convention_readings), starts the engine, computes the training-time reference on
+(harness.judgement.lint.convention_readings), starts the engine, computes the training-time reference on
 the fly (fp32 transformers target through the residual recorder), captures what the engine
 feeds the draft, infers from the draft's weights which boundaries it was trained on
 (harness.weight_inference), and decides one of three outcomes (harness.doctor_outcome):
@@ -343,7 +343,7 @@ def _checked_inputs(target: Path, draft: Path, engine_name: str, convention: str
             raise DoctorError("engine vllm is unavailable here: vllm is not installed; install it "
                               "with pip install -e '.[vllm]', or use --engine reference")
     from harness.core.boundaries import LayerIdError, ids_to_boundaries
-    from harness.lint import lint_draft
+    from harness.judgement.lint import lint_draft
 
     if convention is not None and engine_cls.convention is None:
         # an engine that honours the trainer's convention (the reference) reads the ids in it:
@@ -484,7 +484,7 @@ class _Doctor:
     def run(self) -> int:
         from harness.core.boundaries import LayerIdError, ids_to_boundaries, short_boundary
         from harness.doctor_outcome import CANNOT_TELL
-        from harness.lint import convention_readings
+        from harness.judgement.lint import convention_readings
 
         i = self.i
         self.say(f"target {i.target}: {self.n} layers, hidden {i.tcfg['hidden_size']}; draft "
@@ -578,9 +578,9 @@ class _Doctor:
         """The suite's own judgement of a capture: fp32 strict; reduced precision against the
         precision envelope of the target itself in the engine's dtype (harness/golden/envelope.py;
         a fixed rtol cries wolf there, and a verified fix would read as "fix fails")."""
-        from harness.assertions import ConformanceFailure, assert_capture_matches
         from harness.core.tolerances import tolerance_for
         from harness.golden.envelope import EnvelopeBuilder
+        from harness.judgement.assertions import ConformanceFailure, assert_capture_matches
 
         envelopes = None
         if not tolerance_for(self.options.dtype).strict:

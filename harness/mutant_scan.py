@@ -15,13 +15,13 @@ from pathlib import Path
 
 import torch
 
-from harness.assertions import ConformanceFailure, assert_capture_matches_oracle
 from harness.core.boundaries import boundaries_to_ids, get_convention
 from harness.diagnosis.record import Diagnosis
 from harness.engines.base import EngineOptions
 from harness.engines.reference import ReferenceEngine
 from harness.golden.draft_factory import DraftFactory
 from harness.golden.oracle import Oracle
+from harness.judgement.assertions import ConformanceFailure, assert_capture_matches_oracle
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@
 Every check runs once per draft of the bundle (`draft_name` is a session-scoped parameter, so
 pytest groups the checks by draft and each engine is built once per draft and closed when the
 next draft's begins, never two engines alive at once). A check fails through
-`harness.assertions.fail` (a `harness.reports.report.ConformanceFailure(message, diagnoses)`, which
+`harness.judgement.assertions.fail` (a `harness.reports.report.ConformanceFailure(message, diagnoses)`, which
 attaches the diagnoses to the check in report.json). An `EngineCrash` out of a check is turned
 into one here, diagnosed against the draft's spec, since this is the layer that holds it.
 
@@ -70,7 +70,7 @@ def pytest_configure(config: pytest.Config) -> None:
     except OptionError as e:
         raise pytest.UsageError(str(e)) from None
     name = config.getoption("engine")
-    from harness.assertions.base import set_run_engine  # torch: not at plugin import
+    from harness.judgement.assertions.base import set_run_engine  # torch: not at plugin import
 
     # a dotted path is the one --engine value an adapter's `name` does not repeat
     set_run_engine(name if ":" in name and not name.startswith("zoo:") else None)
@@ -268,7 +268,7 @@ def _crash_failure(item: pytest.Item, exc: BaseException) -> BaseException | Non
     base = sys.modules.get("harness.engines.base")
     if base is None or not isinstance(exc, base.EngineCrash):
         return None
-    from harness.assertions import crash_failure
+    from harness.judgement.assertions import crash_failure
 
     state = _state(item.config)
     draft = getattr(getattr(item, "callspec", None), "params", {}).get("draft_name")

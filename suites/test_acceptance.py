@@ -9,17 +9,17 @@ import operator
 
 import pytest
 
-from harness.acceptance import (
+from harness.core.tolerances import tolerance_for
+from harness.engines.base import Acceptance, Capability, Engine, Generation
+from harness.golden.oracle import Oracle
+from harness.judgement.acceptance import (
     acceptance_from_traces,
     explain_shortfall,
     golden_traces,
     heldout_prompts,
     same_dtype_acceptance,
 )
-from harness.assertions import fail, require
-from harness.core.tolerances import tolerance_for
-from harness.engines.base import Acceptance, Capability, Engine, Generation
-from harness.golden.oracle import Oracle
+from harness.judgement.assertions import fail, require
 
 
 def _new_tokens(oracle: Oracle) -> int:

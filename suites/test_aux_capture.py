@@ -6,10 +6,10 @@ from __future__ import annotations
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from harness.assertions import assert_capture_matches_oracle, require
 from harness.engines.base import Capability, Engine
 from harness.golden.bundle import DraftSpec
 from harness.golden.oracle import Oracle
+from harness.judgement.assertions import assert_capture_matches_oracle, require
 from harness.strategies import prompts
 
 

@@ -7,13 +7,13 @@ from __future__ import annotations
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from harness.assertions import batch_leaks, diagnose_batch_leak, divergence, fail, require
 from harness.core.tolerances import tolerance_for
 from harness.diagnosis.record import Diagnosis
 from harness.engines.base import Capability, Engine
-from harness.finite import assert_finite
 from harness.golden.bundle import DraftSpec
 from harness.golden.oracle import Oracle
+from harness.judgement.assertions import batch_leaks, diagnose_batch_leak, divergence, fail, require
+from harness.judgement.finite import assert_finite
 from harness.strategies import BatchShape, batch_shapes
 
 

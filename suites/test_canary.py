@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import pytest
 
-from harness.acceptance import heldout_prompts, same_dtype_acceptance
-from harness.assertions import assert_canary_accepts, canary_line, fail, require
 from harness.core.tolerances import tolerance_for
 from harness.engines.base import Capability, Engine
 from harness.golden.oracle import Oracle
+from harness.judgement.acceptance import heldout_prompts, same_dtype_acceptance
+from harness.judgement.assertions import assert_canary_accepts, canary_line, fail, require
 
 
 def test_canary_acceptance(engine: Engine, oracle: Oracle, draft_name: str, report, generate) -> None:

@@ -6,10 +6,10 @@ in the exact acceptance trace)."""
 
 from __future__ import annotations
 
-from harness.assertions import assert_decode_inputs_match, require
 from harness.engines.base import Capability, Engine
 from harness.golden.bundle import DraftSpec
 from harness.golden.oracle import Oracle
+from harness.judgement.assertions import assert_decode_inputs_match, require
 
 
 def test_decode_inputs_match_training(engine: Engine, oracle: Oracle, spec: DraftSpec,

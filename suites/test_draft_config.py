@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import json
 
-from harness.assertions import fail
 from harness.golden.bundle import Bundle, DraftSpec
-from harness.lint import lint_draft
+from harness.judgement.assertions import fail
+from harness.judgement.lint import lint_draft
 
 
 def test_draft_config_is_consistent(bundle: Bundle, draft_name: str, spec: DraftSpec) -> None:

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from harness.assertions import assert_fc_matches, fail, require
 from harness.core.tolerances import tolerance_for
 from harness.engines.base import Capability, Engine
-from harness.finite import assert_finite
 from harness.golden.oracle import Oracle
+from harness.judgement.assertions import assert_fc_matches, fail, require
+from harness.judgement.finite import assert_finite
 
 
 def test_fc_output_matches_training(engine: Engine, oracle: Oracle, draft_name: str) -> None:

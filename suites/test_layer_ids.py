@@ -31,13 +31,6 @@ import pytest
 from hypothesis import HealthCheck, given, reject, settings
 from hypothesis import strategies as st
 
-from harness.assertions import (
-    ConformanceFailure,
-    assert_capture_matches_oracle,
-    assert_convention_as_declared,
-    assert_fix_holds,
-    require,
-)
 from harness.core.boundaries import (
     Convention,
     LayerIdError,
@@ -66,7 +59,14 @@ from harness.engines.base import (
 from harness.golden.bundle import Bundle, DraftSpec
 from harness.golden.draft_factory import FORMATS, NESTED, DraftFactory
 from harness.golden.oracle import Oracle
-from harness.lint import lint_draft
+from harness.judgement.assertions import (
+    ConformanceFailure,
+    assert_capture_matches_oracle,
+    assert_convention_as_declared,
+    assert_fix_holds,
+    require,
+)
+from harness.judgement.lint import lint_draft
 from harness.profiles import layer_id_examples, layer_id_startup_budget_s
 from harness.strategies import invalid_layer_id_configs, layer_id_configs, pinned_prompt_rows
 from harness.timeouts import (

@@ -8,9 +8,9 @@ from __future__ import annotations
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from harness.assertions import divergence, fail, require
 from harness.engines.base import Capability, Engine
 from harness.golden.oracle import Oracle
+from harness.judgement.assertions import divergence, fail, require
 from harness.strategies import prompts as prompt_strategy
 
 

@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 
-from harness.acceptance import heldout_prompts
-from harness.assertions import assert_history_independent
 from harness.engines.base import Capability, Engine
 from harness.golden.oracle import Oracle
+from harness.judgement.acceptance import heldout_prompts
+from harness.judgement.assertions import assert_history_independent
 
 PROBES = 4  # pinned prompts served twice
 EARLIER = 3  # unrelated held-out prompts served between the two servings

@@ -29,12 +29,12 @@ from typing import Any
 import pytest
 import torch
 
-from harness.acceptance import acceptance_from_traces, explain_shortfall, golden_traces
-from harness.assertions import assert_speedup_consistent, require
 from harness.core.throughput import judge_speedup
 from harness.engines.base import Capability, Engine, Generation
 from harness.engines.step_costs import synchronizer
 from harness.golden.oracle import Oracle
+from harness.judgement.acceptance import acceptance_from_traces, explain_shortfall, golden_traces
+from harness.judgement.assertions import assert_speedup_consistent, require
 
 # timed rounds per mode after one warm-up round (EAGLE3_THROUGHPUT_ROUNDS: more for a
 # baseline that must be tight, e.g. benchmarks/gate_soundness.py)

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from harness.assertions import fail, require
 from harness.diagnosis.draft_side import fc_diagnosis
 from harness.engines.base import Capability, Engine
 from harness.golden.oracle import Oracle
+from harness.judgement.assertions import fail, require
 
 
 def test_drafted_tokens_inside_draft_vocab(engine: Engine, oracle: Oracle, draft_name: str,

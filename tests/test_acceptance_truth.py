@@ -19,9 +19,9 @@ from typing import Any
 
 import pytest
 
-from harness.assertions import canary_line
 from harness.golden.bundle import load_bundle
 from harness.golden.paths import default_bundle_path
+from harness.judgement.assertions import canary_line
 
 ROOT = Path(__file__).resolve().parents[1]
 CHECKS = "test_acceptance_meets_training_prediction or test_canary_acceptance"

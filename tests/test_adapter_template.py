@@ -15,12 +15,12 @@ from pathlib import Path
 import pytest
 
 from examples.template_adapter import TEMPLATE_CONVENTION, TemplateEngine
-from harness.assertions import ConformanceFailure, assert_capture_matches
 from harness.core.boundaries import CONVENTIONS, Convention
 from harness.engines.base import EngineOptions
 from harness.golden.bundle import load_bundle
 from harness.golden.oracle import Oracle
 from harness.golden.paths import default_bundle_path
+from harness.judgement.assertions import ConformanceFailure, assert_capture_matches
 
 ROOT = Path(__file__).resolve().parents[1]
 TEMPLATE = ROOT / "examples" / "template_adapter.py"
@@ -111,7 +111,7 @@ def test_the_reproducer_repeats_the_dotted_path_and_the_convention_prints_by_nam
     """A failure's reproducer must rerun the engine it failed on: for an adapter that is the
     --engine value given (`examples.template_adapter:TemplateEngine`), not its `name`
     ("template", which --engine refuses); an adapter's own convention prints as its name."""
-    from harness.assertions import base
+    from harness.judgement.assertions import base
 
     monkeypatch.setattr(base, "_RUN_ENGINE", {})
     assert "--engine template " in base.reproducer("template", "single-aux", check="c")

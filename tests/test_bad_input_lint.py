@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from harness.core.boundaries import CONVENTIONS
-from harness.lint import lint_draft
+from harness.judgement.lint import lint_draft
 
 DRAFT = "draft-specforge-default"
 
@@ -96,7 +96,7 @@ def test_every_convention_valid_and_invalid_ids(name: str) -> None:
     named in the readings with the boundaries they mean; ids it cannot read are a problem
     under it, and listed as not valid under it with why."""
     from harness.core.boundaries import ids_to_boundaries
-    from harness.lint import convention_readings, ids_problem
+    from harness.judgement.lint import convention_readings, ids_problem
 
     conv = CONVENTIONS[name]
     valid = list(conv.default_ids(N))
@@ -115,7 +115,7 @@ def test_every_convention_valid_and_invalid_ids(name: str) -> None:
 
 
 def test_ids_no_convention_reads_are_an_error_naming_the_fix() -> None:
-    from harness.lint import ids_problem
+    from harness.judgement.lint import ids_problem
 
     problem = ids_problem([99, 3, 5], None, N, None)
     assert problem and "valid under no known convention" in problem and "trainer's convention" in problem
@@ -132,7 +132,7 @@ def test_a_correct_minus_one_draft_lints_clean(tmp_path: Path) -> None:
     """The motivating draft written correctly, ids [-1, 3, 5] ("-1 = embedding"): no error (it
     was told "use ids >= 0"), and the readings say what it means there and where it is invalid."""
     from harness.golden.paths import default_bundle_path
-    from harness.lint import convention_readings
+    from harness.judgement.lint import convention_readings
 
     target = json.loads((default_bundle_path() / "target" / "config.json").read_text())
     assert lint_draft(_embed_first(tmp_path, [-1, 3, 5]), target, None) == []

@@ -11,7 +11,6 @@ from typing import Any
 
 import pytest
 
-from harness.assertions import ConformanceFailure, assert_canary_accepts, canary_line
 from harness.engines.base import EngineOptions
 from harness.engines.reference import ReferenceEngine
 from harness.engines.zoo import MUTANTS
@@ -24,6 +23,7 @@ from harness.golden.wirings import (
     per_prompt_acceptance,
     wirings,
 )
+from harness.judgement.assertions import ConformanceFailure, assert_canary_accepts, canary_line
 from harness.models.draft import Eagle3Draft
 from harness.models.target import load_target
 

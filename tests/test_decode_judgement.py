@@ -10,9 +10,9 @@ from functools import cache
 import pytest
 import torch
 
-from harness.assertions import assert_decode_inputs_match, assert_history_independent
 from harness.engines.base import DecodeInputs, DraftFeed
 from harness.golden.features import TargetFeatures, aux_features, target_features
+from harness.judgement.assertions import assert_decode_inputs_match, assert_history_independent
 from harness.models.target import build_target, target_config_dict
 from harness.reports.report import ConformanceFailure
 

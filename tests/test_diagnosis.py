@@ -9,13 +9,13 @@ import json
 import pytest
 import torch
 
-from harness.assertions import judge_fc
 from harness.core.tolerances import rtol_for
 from harness.diagnosis.capture import diagnose_capture
 from harness.diagnosis.crash import crash_diagnosis
 from harness.diagnosis.draft_side import fc_diagnosis, fc_output_is_raw_input
 from harness.diagnosis.record import Diagnosis
 from harness.golden.features import TargetFeatures, aux_features, target_features
+from harness.judgement.assertions import judge_fc
 from harness.models.target import build_target, target_config_dict
 
 N = 8

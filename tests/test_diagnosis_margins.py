@@ -14,14 +14,6 @@ import pytest
 import torch
 from golden_oracle import committed_oracle
 
-from harness.acceptance import explain_shortfall, golden_traces
-from harness.assertions import (
-    ConformanceFailure,
-    assert_capture_matches_oracle,
-    batch_leaks,
-    diagnose_batch_leak,
-    failure,
-)
 from harness.diagnosis.compare import AMBIGUOUS_MARGIN
 from harness.diagnosis.record import Diagnosis
 from harness.engines.base import EngineOptions
@@ -35,6 +27,14 @@ from harness.engines.heldout import (
 )
 from harness.engines.reference import ReferenceEngine
 from harness.engines.zoo import D2tAbsolute, FcOnRecurrentState, IdsMinusOne
+from harness.judgement.acceptance import explain_shortfall, golden_traces
+from harness.judgement.assertions import (
+    ConformanceFailure,
+    assert_capture_matches_oracle,
+    batch_leaks,
+    diagnose_batch_leak,
+    failure,
+)
 from harness.mutant_scan import Served, bundle_drafts, factory_drafts
 
 _oracle = committed_oracle

@@ -13,7 +13,7 @@ from safetensors.torch import load_file
 from harness.golden.bundle import load_bundle
 from harness.golden.draft_factory import FORMATS, NESTED, TOP_LEVEL, DraftFactory, DraftFactoryError
 from harness.golden.paths import default_bundle_path
-from harness.lint import lint_draft
+from harness.judgement.lint import lint_draft
 from harness.models.draft import DraftConfig, Eagle3Draft
 
 

@@ -23,13 +23,13 @@ def imports(path: Path) -> set[str]:
     return out
 
 
-UPPER = ("harness.diagnose", "harness.diagnosis", "harness.assertions", "harness.acceptance", "harness.plugin",
+UPPER = ("harness.diagnose", "harness.diagnosis", "harness.judgement.assertions", "harness.judgement.acceptance", "harness.plugin",
          "harness.cli", "harness.reports.report")
 RULES = [
     ("engines/*.py", UPPER),
     ("models/*.py", UPPER + ("harness.engines", "harness.golden")),
     ("golden/*.py", UPPER),
-    ("diagnosis/*.py", ("harness.assertions", "harness.acceptance", "harness.plugin",
+    ("diagnosis/*.py", ("harness.judgement.assertions", "harness.judgement.acceptance", "harness.plugin",
                         "harness.engines")),
     ("core/tolerances.py", ("torch", "harness")),
     ("diagnosis/record.py", ("torch",)),

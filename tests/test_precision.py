@@ -17,13 +17,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness.assertions import (
-    ConformanceFailure,
-    assert_capture_matches,
-    assert_fc_matches,
-    batch_leaks,
-    near_tie_bound,
-)
 from harness.core.tolerances import tolerance_for
 from harness.diagnosis.identity import AMBIGUOUS, EXACT, ROUTING_TIE, WRONG, classify_tokens
 from harness.engines.base import EngineOptions
@@ -33,6 +26,13 @@ from harness.golden.envelope import Envelope
 from harness.golden.features import TargetFeatures, relative_errors
 from harness.golden.oracle import Oracle
 from harness.golden.paths import default_bundle_path
+from harness.judgement.assertions import (
+    ConformanceFailure,
+    assert_capture_matches,
+    assert_fc_matches,
+    batch_leaks,
+    near_tie_bound,
+)
 
 FALSE_ALARMS = [
     ("specforge-default", [99, 283, 496, 327, 504, 45, 431, 374, 69, 508, 10, 208, 489, 350, 216, 164, 4, 112, 10, 370,

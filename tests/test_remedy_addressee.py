@@ -16,9 +16,9 @@ import torch
 from golden_oracle import committed_oracle
 
 from examples.template_adapter import TemplateEngine
-from harness.assertions import ConformanceFailure, assert_capture_matches_oracle
 from harness.diagnosis.record import Diagnosis
 from harness.engines.base import EngineOptions
+from harness.judgement.assertions import ConformanceFailure, assert_capture_matches_oracle
 from harness.models.residual import TargetStates
 from harness.reports.report import ReportCollector
 from harness.reports.report_md import render_markdown

@@ -95,7 +95,7 @@ def test_slow_speculation_with_low_acceptance_is_named_by_the_acceptance_cause()
     """A wiring bug collapses acceptance and speculation stops paying: the gate's failure must
     carry the acceptance explainer's cause, not `speculation_overhead` (a confidently wrong
     name for the motivating user); with training's acceptance reached it is the overhead."""
-    from harness.assertions import assert_speedup_consistent
+    from harness.judgement.assertions import assert_speedup_consistent
     from harness.reports.report import ConformanceFailure
 
     finding = judge_speedup(costs(), 1.8, 0.9, rounds_per_token=1 / 1.8)

@@ -7,7 +7,6 @@ from dataclasses import fields
 
 import pytest
 
-from harness.assertions import divergence
 from harness.cli import build_parser
 from harness.core.tolerances import (
     DTYPES,
@@ -19,6 +18,7 @@ from harness.core.tolerances import (
     tolerance_for,
     tolerance_text,
 )
+from harness.judgement.assertions import divergence
 
 
 def test_every_bound_has_a_reason() -> None:

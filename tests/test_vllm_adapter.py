@@ -209,7 +209,7 @@ def test_decode_inputs_are_the_drafters_feeds_in_place(engine, models: dict) -> 
     feed per propose, the prefill first, the verify rounds' padding rows dropped, every feed and
     drafted step at its sequence position, and the rows the boundaries vLLM reads the ids as
     (b = id), judged by the suite's own decode-input helper."""
-    from harness.assertions import assert_decode_inputs_match
+    from harness.judgement.assertions import assert_decode_inputs_match
 
     prompts = PROMPTS
     decode = engine.decode_inputs(prompts, NEW_TOKENS)

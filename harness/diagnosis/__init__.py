@@ -1,6 +1,6 @@
 """Root-cause diagnosis: turn "the engine differs from training" into one named cause and the
 id list (or engine fix) that removes it. It words causes; it never decides pass/fail (that is
-`harness.assertions`).
+`harness.judgement.assertions`).
 
 - `record`: the `Diagnosis` record, its kinds and the per-slot `SlotMatch`;
 - `fingerprint`: the per-token error measure and what each engine slot holds;

@@ -19,7 +19,7 @@ Each kind here is told apart from its neighbours by what the feeds show, not by 
 - `fc_on_recurrent_state` never shows here: the feeds are right and only the draft steps after
   the first are wrong, which is why a passing decode-input check rules out the kinds above.
 
-It names causes and decides nothing: `harness.assertions` judges.
+It names causes and decides nothing: `harness.judgement.assertions` judges.
 """
 
 from __future__ import annotations

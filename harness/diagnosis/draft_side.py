@@ -1,7 +1,7 @@
 """The kinds seen past the capture, on the draft's side: fc skipped or computed differently, fc
 applied to the draft's own recurrent state, d2t read as absolute ids, the draft KV cache not
-rolled back. The checks that observe them decide when (harness.assertions,
-harness.acceptance); this module recognises an fc output that is a raw aux slot and words
+rolled back. The checks that observe them decide when (harness.judgement.assertions,
+harness.judgement.acceptance); this module recognises an fc output that is a raw aux slot and words
 each kind with its fix.
 """
 

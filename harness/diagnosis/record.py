@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 CRASH_KINDS = ("engine_crash", "hang")
-VALUE_KINDS = ("non_finite",)  # harness.finite
+VALUE_KINDS = ("non_finite",)  # harness.judgement.finite
 CAPTURE_KINDS = ("ok", "offset", "embedding_missing", "order_permuted", "final_boundary_normed",
                  "final_boundary_missing", "residual_missing", "stale_or_skipped", "ids_ignored",
                  "slots_aliased", "precision_loss", "normalised", "partial_residual",

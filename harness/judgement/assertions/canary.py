@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from harness.assertions.base import fail
 from harness.core.tolerances import CANARY_FRACTION
+from harness.judgement.assertions.base import fail
 
 
 def canary_line(canary: dict, same_dtype: float | None = None) -> float | None:

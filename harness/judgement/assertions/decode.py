@@ -8,9 +8,6 @@ from collections.abc import Sequence
 
 import torch
 
-from harness.assertions.base import fail
-from harness.assertions.capture import assert_capture_matches, batch_leaks
-from harness.assertions.generation import divergence
 from harness.core.tolerances import tolerance_for
 from harness.diagnosis.decode import (
     ROW_SHARE,
@@ -21,8 +18,11 @@ from harness.diagnosis.decode import (
     row_shift,
 )
 from harness.engines.base import DecodeInputs
-from harness.finite import assert_finite
 from harness.golden.features import aux_features
+from harness.judgement.assertions.base import fail
+from harness.judgement.assertions.capture import assert_capture_matches, batch_leaks
+from harness.judgement.assertions.generation import divergence
+from harness.judgement.finite import assert_finite
 from harness.reports.report import ConformanceFailure
 
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from harness.assertions.base import fail
 from harness.core.throughput import SpeedupFinding
 from harness.core.tolerances import tolerance_for
 from harness.diagnosis.record import Diagnosis
 from harness.diagnosis.throughput import throughput_diagnosis
+from harness.judgement.assertions.base import fail
 
 
 def assert_speedup_consistent(finding: SpeedupFinding, *, engine_name: str, draft: str,

@@ -11,16 +11,16 @@ from functools import partial
 
 import torch
 
-from harness.assertions.base import fail, worst_tokens
 from harness.core.tolerances import tolerance_for, tolerance_text
 from harness.diagnosis.capture import diagnose_capture
 from harness.diagnosis.evidence import seen_per_slot
 from harness.diagnosis.fingerprint import relative_errors
 from harness.diagnosis.identity import WRONG, classify_capture, classify_tokens, noise_allowance
 from harness.diagnosis.record import Diagnosis, unexplained
-from harness.finite import assert_finite
 from harness.golden.envelope import Envelope
 from harness.golden.features import TargetFeatures
+from harness.judgement.assertions.base import fail, worst_tokens
+from harness.judgement.finite import assert_finite
 
 
 def _strict_off_tokens(features: Sequence[torch.Tensor], golden: Sequence[TargetFeatures],

@@ -11,18 +11,18 @@ from dataclasses import replace
 
 import torch
 
-from harness.assertions import (
+from harness.core.tolerances import tolerance_for
+from harness.diagnosis.draft_side import fc_diagnosis
+from harness.diagnosis.record import Diagnosis
+from harness.engines.base import Acceptance, Capability, Engine, EngineOptions, Generation
+from harness.golden.oracle import Oracle
+from harness.judgement.assertions import (
     ConformanceFailure,
     assert_capture_matches,
     assert_decode_inputs_match,
     fc_allowances,
     judge_fc,
 )
-from harness.core.tolerances import tolerance_for
-from harness.diagnosis.draft_side import fc_diagnosis
-from harness.diagnosis.record import Diagnosis
-from harness.engines.base import Acceptance, Capability, Engine, EngineOptions, Generation
-from harness.golden.oracle import Oracle
 
 
 def acceptance_from_traces(traces: Sequence[Sequence[int]], k: int) -> Acceptance:

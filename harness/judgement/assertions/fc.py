@@ -9,12 +9,12 @@ from dataclasses import dataclass
 
 import torch
 
-from harness.assertions.base import fail, worst_tokens
 from harness.core.tolerances import tolerance_for
 from harness.diagnosis.draft_side import diagnose_fc
 from harness.diagnosis.fingerprint import relative_errors
 from harness.diagnosis.identity import noise_allowance
 from harness.diagnosis.record import Diagnosis
+from harness.judgement.assertions.base import fail, worst_tokens
 
 
 @dataclass(frozen=True)

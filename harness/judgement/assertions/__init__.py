@@ -12,25 +12,28 @@ common base; checks import the helpers from here.
 
 from __future__ import annotations
 
-from harness.assertions.base import crash_failure, fail, failure, require
-from harness.assertions.canary import assert_canary_accepts, canary_line
-from harness.assertions.capture import (
+from harness.judgement.assertions.base import crash_failure, fail, failure, require
+from harness.judgement.assertions.canary import assert_canary_accepts, canary_line
+from harness.judgement.assertions.capture import (
     assert_capture_matches,
     assert_capture_matches_oracle,
     batch_leaks,
     diagnose_batch_leak,
 )
-from harness.assertions.decode import assert_decode_inputs_match, assert_history_independent
-from harness.assertions.fc import (
+from harness.judgement.assertions.decode import (
+    assert_decode_inputs_match,
+    assert_history_independent,
+)
+from harness.judgement.assertions.fc import (
     FcVerdict,
     assert_fc_matches,
     fc_allowances,
     judge_fc,
     worst_tokens,
 )
-from harness.assertions.generation import divergence, near_tie_bound
-from harness.assertions.layer_ids import assert_convention_as_declared, assert_fix_holds
-from harness.assertions.throughput import assert_speedup_consistent
+from harness.judgement.assertions.generation import divergence, near_tie_bound
+from harness.judgement.assertions.layer_ids import assert_convention_as_declared, assert_fix_holds
+from harness.judgement.assertions.throughput import assert_speedup_consistent
 from harness.reports.report import ConformanceFailure
 
 __all__ = ['ConformanceFailure', 'FcVerdict', 'assert_canary_accepts', 'canary_line', 'assert_capture_matches', 'assert_capture_matches_oracle', 'assert_convention_as_declared', 'assert_decode_inputs_match', 'assert_fc_matches', 'assert_fix_holds', 'assert_history_independent', 'assert_speedup_consistent', 'batch_leaks', 'diagnose_batch_leak', 'crash_failure', 'divergence', 'fail', 'failure', 'fc_allowances', 'judge_fc', 'near_tie_bound', 'require', 'worst_tokens']
