@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from harness.golden.paths import suites_path
-from harness.registry import resolve_engine
+from harness.run.registry import resolve_engine
 
 
 def main() -> int:

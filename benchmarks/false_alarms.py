@@ -54,13 +54,13 @@ from harness.judgement.assertions import (
     divergence,
 )
 from harness.models.variants import implementation as variant
-from harness.strategies import SPECIAL_TOKENS
+from harness.run.strategies import SPECIAL_TOKENS
 
 CHECKS = ("capture", "fc", "batch_invariance", "lossless", "acceptance_trace")
 
 
 def draw_prompts(oracle: Oracle, draft: str, count: int, seed: int) -> list[list[int]]:
-    """The drawn-prompt strategy's mix (harness.strategies.prompts), seeded."""
+    """The drawn-prompt strategy's mix (harness.run.strategies.prompts), seeded."""
     rng = random.Random(seed)
     model = oracle.draft(draft)
     vocab = model.cfg.vocab_size

@@ -20,7 +20,9 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from harness.cli_help import apply_examples, version_text
-from harness.options import (
+from harness.reports.report import clear_reports, verdict_line, write_atomic
+from harness.reports.report_md import kept_sections, render_conformance_table
+from harness.run.options import (
     MAX_XFAILS_BYTES,
     RUN_OPTIONS,
     OptionError,
@@ -31,17 +33,15 @@ from harness.options import (
     prepare_report_dir,
     validate,
 )
-from harness.pytest_modes import non_run_flag
-from harness.reports.report import clear_reports, verdict_line, write_atomic
-from harness.reports.report_md import kept_sections, render_conformance_table
-from harness.run_inputs import (
+from harness.run.pytest_modes import non_run_flag
+from harness.run.run_inputs import (
     device_problem,
     input_path_problem,
     output_file_problem,
     text_file_problem,
 )
+from harness.run.xfails import xfails_file_name
 from harness.selftest import RUN_LIMIT_S
-from harness.xfails import xfails_file_name
 
 PROG = "eagle3-conformance"
 DEBUG_ENV = "EAGLE3_CONFORMANCE_DEBUG"
@@ -94,7 +94,7 @@ def _safe(name: str) -> str:
 
 def _check_engine(name: str) -> None:
     from harness.engines.base import EngineUnavailable
-    from harness.registry import EngineLookupError, resolve_engine
+    from harness.run.registry import EngineLookupError, resolve_engine
 
     try:
         resolve_engine(name)
@@ -114,7 +114,7 @@ def _check_bundle(path: str | Path, drafts: Sequence[str], arg: str = "--bundle"
 
 
 def _problem(problem: str | None) -> None:
-    """A problem found by a harness.run_inputs check is bad input: one line, exit 2."""
+    """A problem found by a harness.run.run_inputs check is bad input: one line, exit 2."""
     if problem:
         raise CliError(problem)
 
@@ -250,7 +250,7 @@ def _run_error_line(report_dir: Path) -> str:
 
 
 def cmd_selftest(a: argparse.Namespace, extra: Sequence[str]) -> int:
-    from harness.registry import _mutant_class, zoo_mutants
+    from harness.run.registry import _mutant_class, zoo_mutants
     from harness.selftest import run_suite, score_mutant
 
     root = _report_dir(a.report_dir)  # first: a refused self-test leaves no verdict
@@ -680,7 +680,7 @@ def entry() -> NoReturn:
     """The console script and `python -m harness.cli`: main(), then an exit that no engine
     thread still running (a hung call, or one Ctrl-C left) can turn into an abort."""
     status = main()
-    from harness import timeouts
+    from harness.run import timeouts
 
     if timeouts.join_abandoned(0):
         # an engine call that never ended still runs in a daemon thread: interpreter shutdown

@@ -13,7 +13,7 @@ Without `--prompts` the doctor makes its own evidence: text sampled from the tar
 (its own distribution, from its BOS token, seeded), in rounds of ROUND_PROMPTS until the
 outcome is decided or MAX_ROUNDS rounds are spent; the weight test's significance level is
 split over those looks. Every engine call runs under the deadlines `run` uses
-(harness.timeouts), so a hung engine ends the doctor with a `hang` finding, never a hang.
+(harness.run.timeouts), so a hung engine ends the doctor with a `hang` finding, never a hang.
 Progress goes to stderr (`progress`), findings to stdout (`say`).
 """
 
@@ -174,7 +174,7 @@ class Served:
 
 
 def _close(engine: Any, budget: Any) -> None:
-    from harness.timeouts import EngineHang, call_with_deadline
+    from harness.run.timeouts import EngineHang, call_with_deadline
 
     try:
         call_with_deadline(engine.close, (), budget.deadline(0, False), "close")
@@ -189,7 +189,7 @@ def start_engine(engine_cls: type, target: Path, draft: Path, options: Any,
     installed is bad input (DoctorError, exit 2: the doctor cannot say anything about it),
     never an engine failure; one that crashes or hangs on this draft is a finding."""
     from harness.engines.base import EngineUnavailable
-    from harness.timeouts import EngineHang, start_measured
+    from harness.run.timeouts import EngineHang, start_measured
 
     try:
         engine, measured = start_measured(lambda: engine_cls(target, draft, options), budget,
@@ -211,7 +211,7 @@ def serve(engine_cls: type, target: Path, draft: Path, options: Any, budget: Any
     `engine`: one just started (by `start_engine`, with `budget` its budget), whose capture
     is still its first call: that call carries the start-up allowance either way (vLLM
     starts the engine with the draft on it)."""
-    from harness.timeouts import EngineHang, call_with_deadline, call_work
+    from harness.run.timeouts import EngineHang, call_with_deadline, call_work
 
     if engine is None:
         engine, failed, budget = start_engine(engine_cls, target, draft, options, budget)
@@ -309,9 +309,9 @@ def _checked_inputs(target: Path, draft: Path, engine_name: str, convention: str
     from harness.core.boundaries import CONVENTIONS
     from harness.core.config_schema import target_config_problems
     from harness.engines.base import EngineUnavailable
-    from harness.registry import EngineLookupError, resolve_engine
-    from harness.run_inputs import device_problem
-    from harness.timeouts import CallBudget
+    from harness.run.registry import EngineLookupError, resolve_engine
+    from harness.run.run_inputs import device_problem
+    from harness.run.timeouts import CallBudget
 
     tcfg = _read_json(target / "config.json", "target")
     problems = target_config_problems(tcfg) if isinstance(tcfg, dict) else [("config.json", "not a JSON object")]
@@ -561,7 +561,7 @@ class _Doctor:
         without reading the weights, which could not change it."""
         from harness.diagnosis.crash import crash_diagnosis
         from harness.doctor_outcome import ENGINE_FAILED, Outcome
-        from harness.timeouts import hang_diagnosis
+        from harness.run.timeouts import hang_diagnosis
 
         if served.hang is not None:
             diag = hang_diagnosis(self.engine_name, served.hang)

@@ -17,7 +17,7 @@ from typing import Any
 
 def declared(entry: Any, attr: str) -> Any:
     """A zoo entry's declared attribute, on the entry or else on its class (None: neither)."""
-    from harness.registry import _mutant_class
+    from harness.run.registry import _mutant_class
 
     for obj in (entry, _mutant_class(entry)):
         value = getattr(obj, attr, None)
@@ -35,7 +35,7 @@ def mutant_field(entry: Any, name: str, attr: str) -> str | None:
 
 
 # What a suite run may take before the self-test stops it, in seconds. The engine calls of a
-# run have their own deadlines (harness.timeouts); this bounds what those cannot: a hang that
+# run have their own deadlines (harness.run.timeouts); this bounds what those cannot: a hang that
 # holds the GIL, a hang outside an engine call. The slowest runs measured are the full suite
 # against the reference (about 5 min on the 2-core CPU machine) and zoo:capture_hangs (about
 # 10 min under the old fixed first-call allowance); an hour is six times that.
@@ -55,7 +55,7 @@ def run_suite(engine: str, bundle: Path, out: Path, profile: str, extra: Sequenc
            # mutants are the in-process reference on a tiny bundle: calls take seconds at most,
            # so a quarter of the default deadlines catches zoo:capture_hangs in minutes (its
            # first call's start-up allowance follows the measured construction,
-           # harness.timeouts). A tenth was too tight
+           # harness.run.timeouts). A tenth was too tight
            # where runs share a loaded machine (--jobs): 36-token generations of correct
            # mutants took more than 7.8 s at five processes on two cores and read as hangs;
            # half made capture_hangs alone take over 25 min

@@ -10,7 +10,7 @@ from harness.engines.base import Capability, Engine
 from harness.golden.bundle import DraftSpec
 from harness.golden.oracle import Oracle
 from harness.judgement.assertions import assert_capture_matches_oracle, require
-from harness.strategies import prompts
+from harness.run.strategies import prompts
 
 
 def _check(engine: Engine, oracle: Oracle, spec: DraftSpec, draft_name: str,

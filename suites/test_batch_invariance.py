@@ -14,7 +14,7 @@ from harness.golden.bundle import DraftSpec
 from harness.golden.oracle import Oracle
 from harness.judgement.assertions import batch_leaks, diagnose_batch_leak, divergence, fail, require
 from harness.judgement.finite import assert_finite
-from harness.strategies import BatchShape, batch_shapes
+from harness.run.strategies import BatchShape, batch_shapes
 
 
 def _batch(oracle: Oracle, shape: BatchShape, probe: list[int]) -> list[list[int]]:

@@ -67,9 +67,9 @@ from harness.judgement.assertions import (
     require,
 )
 from harness.judgement.lint import lint_draft
-from harness.profiles import layer_id_examples, layer_id_startup_budget_s
-from harness.strategies import invalid_layer_id_configs, layer_id_configs, pinned_prompt_rows
-from harness.timeouts import (
+from harness.run.profiles import layer_id_examples, layer_id_startup_budget_s
+from harness.run.strategies import invalid_layer_id_configs, layer_id_configs, pinned_prompt_rows
+from harness.run.timeouts import (
     CallBudget,
     EngineHang,
     call_with_deadline,
@@ -295,7 +295,7 @@ _SLOW = [HealthCheck.too_slow, HealthCheck.filter_too_much]
 
 @pytest.fixture
 def budgeted(served: ServedDrafts, report, request: pytest.FixtureRequest) -> ServedDrafts:
-    """`served` with this test's start-up budget (harness.profiles.LAYER_ID_STARTUP_BUDGET_S);
+    """`served` with this test's start-up budget (harness.run.profiles.LAYER_ID_STARTUP_BUDGET_S);
     how many drawn examples it turned away lands in the report."""
     served.limit(layer_id_startup_budget_s())
     yield served

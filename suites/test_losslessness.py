@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from harness.engines.base import Capability, Engine
 from harness.golden.oracle import Oracle
 from harness.judgement.assertions import divergence, fail, require
-from harness.strategies import prompts as prompt_strategy
+from harness.run.strategies import prompts as prompt_strategy
 
 
 def assert_lossless(engine: Engine, oracle: Oracle, batch: list[list[int]], new_tokens: int,

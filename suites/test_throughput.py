@@ -15,7 +15,7 @@ after a warm-up round, with the device synchronised before and after each round.
 Under pytest-xdist (`-n N`) pytest-benchmark disables itself, so the two benchmark checks
 would time nothing: they skip with the reason instead of passing unmeasured. The cost-model
 gate times itself; it runs under xdist only where each worker has a GPU of its own (plain
-`--device cuda`, no more workers than GPUs: harness.distributed puts worker gwN on cuda:N),
+`--device cuda`, no more workers than GPUs: harness.run.distributed puts worker gwN on cuda:N),
 and skips with the reason where workers share the devices its timings would measure.
 """
 

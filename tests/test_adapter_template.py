@@ -91,7 +91,7 @@ def test_a_dotted_path_is_found_in_the_current_folder(tmp_path: Path,
     runs the console script, which (unlike `python -m`) does not put the current folder on
     sys.path: the registry must look there, or a fresh clone answers "no module 'examples'".
     A vendor's own package in a fresh folder, with that folder off sys.path, is found."""
-    from harness.registry import resolve_engine
+    from harness.run.registry import resolve_engine
 
     package = tmp_path / "vendor_adapters"
     package.mkdir()

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from bad_input import refused, seed_stale_report
 
-from harness import registry
+from harness.run import registry
 
 
 @pytest.mark.parametrize("args, needle", [

@@ -1,4 +1,4 @@
-"""`run`'s path arguments, checked before anything runs (harness.run_inputs): empty, symlink
+"""`run`'s path arguments, checked before anything runs (harness.run.run_inputs): empty, symlink
 loops, the wrong kind, unwritable, and xfails files that are not UTF-8 text or are far too
 big. Exit 2, one `error:` line, the previous report gone. Before: `--bundle ''` ran the
 committed bundle, a non-UTF-8 xfails file was an INTERNALERROR out of pytest."""
@@ -12,8 +12,8 @@ import pytest
 from bad_input import refused, seed_stale_report, symlink_loop, unwritable_folder
 
 from harness import cli
-from harness.options import MAX_XFAILS_BYTES
-from harness.xfails import XfailsError, read_xfails
+from harness.run.options import MAX_XFAILS_BYTES
+from harness.run.xfails import XfailsError, read_xfails
 
 
 def _file(name: str, data: bytes) -> Callable[[Path], str]:

@@ -13,8 +13,8 @@ import pytest
 import yaml
 from hypothesis import settings
 
-from harness.registry import resolve_engine
 from harness.reports.ci_summary import render_summary
+from harness.run.registry import resolve_engine
 
 # What the inner sessions below import at their end (the engine class the report names, the
 # certificate's modules), imported here first: an in-process pytester run drops the modules

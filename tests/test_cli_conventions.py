@@ -23,8 +23,9 @@ from bad_input import (
     seed_stale_report,
 )
 
-from harness import __version__, cli, timeouts
-from harness.pytest_modes import non_run_flag
+from harness import __version__, cli
+from harness.run import timeouts
+from harness.run.pytest_modes import non_run_flag
 
 pytest_plugins = ["pytester"]
 ROOT = Path(__file__).resolve().parents[1]

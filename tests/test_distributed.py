@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.distributed import merge_payload, worker_device
 from harness.reports.report import CheckResult, ReportCollector
+from harness.run.distributed import merge_payload, worker_device
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -410,7 +410,7 @@ def _outcome(draft_dir: Path, convention: str | None, prompts, feats, inference,
     from harness.doctor_outcome import decide, scorable
     from harness.engines.base import EngineOptions
     from harness.engines.reference import ReferenceEngine
-    from harness.timeouts import CallBudget
+    from harness.run.timeouts import CallBudget
     from harness.weight_inference import compare
 
     served = serve(ReferenceEngine, BUNDLE / "target", draft_dir,

@@ -23,13 +23,13 @@ def imports(path: Path) -> set[str]:
     return out
 
 
-UPPER = ("harness.diagnose", "harness.diagnosis", "harness.judgement.assertions", "harness.judgement.acceptance", "harness.plugin",
+UPPER = ("harness.diagnose", "harness.diagnosis", "harness.judgement.assertions", "harness.judgement.acceptance", "harness.run.plugin",
          "harness.cli", "harness.reports.report")
 RULES = [
     ("engines/*.py", UPPER),
     ("models/*.py", UPPER + ("harness.engines", "harness.golden")),
     ("golden/*.py", UPPER),
-    ("diagnosis/*.py", ("harness.judgement.assertions", "harness.judgement.acceptance", "harness.plugin",
+    ("diagnosis/*.py", ("harness.judgement.assertions", "harness.judgement.acceptance", "harness.run.plugin",
                         "harness.engines")),
     ("core/tolerances.py", ("torch", "harness")),
     ("diagnosis/record.py", ("torch",)),
@@ -78,7 +78,7 @@ def test_no_import_circle_in_the_package() -> None:
     modules = {_module_name(p): p for p in HARNESS.rglob("*.py")}
 
     def targets(path: Path) -> set[str]:
-        # `from harness import distributed` reaches harness.distributed, not only the package
+        # `from harness import distributed` reaches harness.run.distributed, not only the package
         out = set(imports(path))
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(node, ast.ImportFrom) and node.module:

@@ -1,4 +1,4 @@
-"""Run options are defined once (harness.options): the CLI's `run` and the pytest plugin offer
+"""Run options are defined once (harness.run.options): the CLI's `run` and the pytest plugin offer
 the same flags with the same defaults and choices, the CLI forwards them to pytest unchanged,
 and both refuse a bad value with the same one line."""
 
@@ -9,7 +9,7 @@ import argparse
 import pytest
 
 from harness import cli
-from harness.options import RUN_OPTIONS, OptionError, add_run_options, forward, validate
+from harness.run.options import RUN_OPTIONS, OptionError, add_run_options, forward, validate
 
 pytest_plugins = ["pytester"]
 

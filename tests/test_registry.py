@@ -9,7 +9,7 @@ import pytest
 
 from harness.engines.base import Engine
 from harness.engines.reference import ReferenceEngine
-from harness.registry import (
+from harness.run.registry import (
     BUILTIN,
     EngineLookupError,
     check_engine_name,

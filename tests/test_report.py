@@ -215,7 +215,7 @@ def test_engine_unavailable_skips_with_reason(pytester: pytest.Pytester,
     """A builtin adapter whose engine package is not installed here (vllm on a machine
     without it): unavailable, its checks skip. (A user's adapter failing at import is bad
     input instead: tests/test_bad_input_cli.py.)"""
-    from harness import registry
+    from harness.run import registry
 
     monkeypatch.setitem(registry.BUILTIN, "vendor", "vendor_adapter:Engine")
     pytester.makepyfile(vendor_adapter="import not_an_installed_engine_pkg\n")

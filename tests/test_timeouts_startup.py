@@ -1,4 +1,4 @@
-"""The first engine call's deadline (harness.timeouts): what a hung first call costs, pinned,
+"""The first engine call's deadline (harness.run.timeouts): what a hung first call costs, pinned,
 and the start-up allowance derived from the measured construction for an engine whose
 constructor does all its start-up. The hang itself is shown on a real bounded call that never
 returns, at a scale that makes the deadline a fraction of a second."""
@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from harness import timeouts
 from harness.reports.report import ConformanceFailure
+from harness.run import timeouts
 
 # the issue's figure: a first call of 186 tokens of work (60 s + 600 s + 0.5 s x 186)
 FIRST_CALL_WORK = 186

@@ -66,7 +66,7 @@ def test_wheel_carries_the_suites_the_bundle_and_the_schemas(wheel: Path) -> Non
     assert not [n for n in names if "__pycache__" in n or n.endswith(".pyc")]
     entry = next(n for n in names if n.endswith("entry_points.txt"))
     text = zipfile.ZipFile(wheel).read(entry).decode()
-    assert "eagle3-conformance = harness.cli:entry" in text and "harness.plugin" in text
+    assert "eagle3-conformance = harness.cli:entry" in text and "harness.run.plugin" in text
 
 
 @pytest.mark.slow(reason="builds the wheel and runs the suite from it outside the checkout (~10 s)")

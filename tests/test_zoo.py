@@ -25,8 +25,8 @@ from harness.engines.zoo import MUTANTS, Mutant
 from harness.golden.bundle import BundleError, load_bundle
 from harness.golden.draft_factory import FORMATS, DraftFactory
 from harness.golden.paths import default_bundle_path
-from harness.registry import known_names, resolve_engine
-from harness.timeouts import EngineHang, call_with_deadline
+from harness.run.registry import known_names, resolve_engine
+from harness.run.timeouts import EngineHang, call_with_deadline
 
 HOOKS = ("capture_boundaries", "take_state", "combine", "project", "draft_step_hidden",
          "map_draft_ids", "rollback", "layer_is_moe", "refeed_features", "draft_positions",

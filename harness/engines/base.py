@@ -144,7 +144,7 @@ class Engine(abc.ABC):
     default_dtype: ClassVar[str] = "float32"
     # True when the constructor does all the start-up (loads every model) and the first call
     # does none: its first call's deadline is then derived from the measured construction
-    # time (harness.timeouts), not the fixed allowance a lazily-starting engine (vLLM's
+    # time (harness.run.timeouts), not the fixed allowance a lazily-starting engine (vLLM's
     # workers start on the first call) needs. False, the safe default for an adapter that
     # does not say: a correct engine must never be called hung for starting up.
     starts_in_constructor: ClassVar[bool] = False
@@ -163,7 +163,7 @@ class Engine(abc.ABC):
         first call may spend again, for an engine that starts lazily: vLLM's and SGLang's
         adapters start the target alone in the constructor and the engine with the draft on
         the first call, a start-up of the same kind. The first call's deadline is then
-        derived from it (harness.timeouts) instead of the fixed allowance. None: nothing
+        derived from it (harness.run.timeouts) instead of the fixed allowance. None: nothing
         measured (the fixed allowance stays)."""
         return None
 

@@ -12,7 +12,7 @@ embed-first [0, 4, 6], single-aux [4], final-aux [2, 4, 8] (N = 8). A mutant app
 exactly where the real engine has it (a final-boundary bug only at b = N), so it may leave
 some drafts untouched, but never every bundle draft (tests/test_zoo.py checks that).
 
-Resolved by `harness.registry` as `zoo:<key>` with <key> a key of `MUTANTS`.
+Resolved by `harness.run.registry` as `zoo:<key>` with <key> a key of `MUTANTS`.
 """
 
 from __future__ import annotations

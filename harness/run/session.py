@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
-from harness.options import OptionError, bundle_path, load_run_bundle
-from harness.registry import EngineLookupError, resolve_engine
 from harness.reports.report import ReportCollector
+from harness.run.options import OptionError, bundle_path, load_run_bundle
+from harness.run.registry import EngineLookupError, resolve_engine
 
 
 @dataclass
@@ -82,7 +82,7 @@ class State:
     def bundle_json(self) -> dict[str, Any]:
         """The report's bundle entry, also when the bundle never loaded (bad input)."""
         if self._bundle is not None:
-            from harness.bundle_gate import is_pinned
+            from harness.run.bundle_gate import is_pinned
 
             b = self._bundle
             return {"path": str(Path(b.path).resolve()), "name": b.name, "sha256": b.manifest_sha256(),

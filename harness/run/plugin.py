@@ -24,22 +24,22 @@ import pytest
 from hypothesis import settings as hypothesis_settings
 from hypothesis.errors import InvalidArgument
 
-from harness import distributed, profiles
 from harness.diagnosis.record import failing_diagnoses
-from harness.options import (
+from harness.reports.certificate import certificate_files
+from harness.reports.outcomes import check_outcome, exception_message, root_failure
+from harness.reports.report import ReportCollector, verdict_line, write_reports
+from harness.run import distributed, profiles
+from harness.run.options import (
     RUN_OPTIONS,
     OptionError,
     add_run_options,
     prepare_report_dir,
     validate,
 )
-from harness.pytest_modes import non_run_mode
-from harness.registry import engine_path
-from harness.reports.certificate import certificate_files
-from harness.reports.outcomes import check_outcome, exception_message, root_failure
-from harness.reports.report import ReportCollector, verdict_line, write_reports
-from harness.session import State
-from harness.xfails import XfailRule, XfailsError, check_id, read_xfails, xfails_file_name
+from harness.run.pytest_modes import non_run_mode
+from harness.run.registry import engine_path
+from harness.run.session import State
+from harness.run.xfails import XfailRule, XfailsError, check_id, read_xfails, xfails_file_name
 
 PLUGIN_FIXTURES = frozenset({"bundle", "draft_name", "engine", "engine_class", "engine_options",
                              "report"})
@@ -219,8 +219,8 @@ def engine(pytestconfig: pytest.Config, engine_class: type, engine_options: Any,
     when the checks move to the next draft (or at session end)."""
     from dataclasses import replace
 
-    from harness import timeouts
     from harness.engines.base import EngineUnavailable
+    from harness.run import timeouts
 
     state = _state(pytestconfig)
     options = replace(engine_options,
@@ -381,13 +381,13 @@ def pytest_testnodedown(node: Any, error: Any) -> None:
 
 
 # seconds the session waits, at its end, for the calls abandoned at their deadline to finish
-# once their engines are closed (harness.timeouts.join_abandoned)
+# once their engines are closed (harness.run.timeouts.join_abandoned)
 ABANDONED_WAIT_S = 30.0
 
 
 @pytest.hookimpl(trylast=True)  # after junitxml has written its file
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    from harness import timeouts
+    from harness.run import timeouts
 
     # after Ctrl-C the user waits for nothing: what still runs is left to the CLI's exit
     timeouts.join_abandoned(0 if exitstatus == pytest.ExitCode.INTERRUPTED else ABANDONED_WAIT_S)

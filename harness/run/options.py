@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from harness.core.tolerances import DTYPES
-from harness.registry import EngineLookupError, check_engine_name
 from harness.reports.report import clear_reports
-from harness.run_inputs import (
+from harness.run.registry import EngineLookupError, check_engine_name
+from harness.run.run_inputs import (
     input_path_problem,
     output_dir_problem,
     run_option_problem,
@@ -69,7 +69,7 @@ RUN_OPTIONS: tuple[RunOption, ...] = (
                           "the engine name with every character but letters, digits, . - _ "
                           "as _)", metavar="FILE"),
     RunOption("--engine-timeout-scale", "multiply every engine call's deadline (scaled to its "
-                                        "work, see harness/timeouts.py) by F; 0 turns the "
+                                        "work, see harness/run/timeouts.py) by F; 0 turns the "
                                         "deadlines off (default: 1)",
               default=1.0, type=float, metavar="F"),
 )
@@ -100,7 +100,7 @@ MAX_XFAILS_BYTES = 1 << 20
 
 def validate(values: Mapping[str, Any]) -> None:
     """The checks that need no engine loaded: engine name syntax, k, the timeout scale, the
-    device (harness.run_inputs), the bundle path, the xfails file."""
+    device (harness.run.run_inputs), the bundle path, the xfails file."""
     try:
         check_engine_name(values["engine"])
     except EngineLookupError as e:
@@ -150,8 +150,8 @@ def load_run_bundle(path: str | Path, drafts: Sequence[str] = (), arg: str = "--
     pinned digest (unless `pinned` is False: `golden build` writing a new one), with every
     requested draft in it. Anything else is bad input (a bundle that cannot be trusted
     certifies nothing), never a verdict about the engine."""
-    from harness.bundle_gate import bundle_lint_problem, committed_pin_problem
     from harness.golden.bundle import BundleError, load_bundle
+    from harness.run.bundle_gate import bundle_lint_problem, committed_pin_problem
 
     problem = input_path_problem(arg, path, "folder")  # the string as given: '' is not '.'
     if problem:
