@@ -5,7 +5,7 @@ suite run per mutant (the selftest is the full proof).
 
     python benchmarks/diagnosis_scan.py --dtype bfloat16 [--configs] [--mutant KEY] [--json scan.json]
 
---configs adds the layer-id check's drafts (harness.mutant_scan.factory_drafts), each served
+--configs adds the layer-id check's drafts (harness.tools.mutant_scan.factory_drafts), each served
 to every mutant. A cell named as another mutant whose capture of that draft is bit-identical
 is not counted wrong: no evidence can tell the two apart there.
 
@@ -45,7 +45,7 @@ from harness.golden.oracle import Oracle
 from harness.golden.paths import default_bundle_path
 from harness.judgement.acceptance import explain_shortfall, golden_traces
 from harness.judgement.assertions import batch_leaks, diagnose_batch_leak
-from harness.mutant_scan import (
+from harness.tools.mutant_scan import (
     Served,
     bundle_drafts,
     confidence,

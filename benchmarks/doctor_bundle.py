@@ -22,8 +22,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from harness.doctor import NESTED, with_ids
 from harness.golden.paths import default_bundle_path
+from harness.tools.doctor import NESTED, with_ids
 
 BUNDLE = default_bundle_path()
 

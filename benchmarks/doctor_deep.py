@@ -29,10 +29,10 @@ from pathlib import Path
 
 import torch
 
-from harness.doctor import run_doctor
 from harness.models.draft import DraftConfig, Eagle3Draft
 from harness.models.presets import build_target_on, motivating_depth_config, random_draft
 from harness.models.target import build_target, target_config_dict
+from harness.tools.doctor import run_doctor
 
 IDS = (1, 29, 57)
 

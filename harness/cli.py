@@ -41,7 +41,7 @@ from harness.run.run_inputs import (
     text_file_problem,
 )
 from harness.run.xfails import xfails_file_name
-from harness.selftest import RUN_LIMIT_S
+from harness.tools.selftest import RUN_LIMIT_S
 
 PROG = "eagle3-conformance"
 DEBUG_ENV = "EAGLE3_CONFORMANCE_DEBUG"
@@ -251,7 +251,7 @@ def _run_error_line(report_dir: Path) -> str:
 
 def cmd_selftest(a: argparse.Namespace, extra: Sequence[str]) -> int:
     from harness.run.registry import _mutant_class, zoo_mutants
-    from harness.selftest import run_suite, score_mutant
+    from harness.tools.selftest import run_suite, score_mutant
 
     root = _report_dir(a.report_dir)  # first: a refused self-test leaves no verdict
     _clear_selftest(root)
@@ -473,9 +473,9 @@ def _silent(line: str) -> None:
 
 
 def cmd_doctor(a: argparse.Namespace, extra: Sequence[str]) -> int:
-    """One checkpoint pair on disk, no bundle (harness.doctor). Findings on stdout; progress
+    """One checkpoint pair on disk, no bundle (harness.tools.doctor). Findings on stdout; progress
     on stderr unless --quiet."""
-    from harness.doctor import DoctorError, run_doctor
+    from harness.tools.doctor import DoctorError, run_doctor
 
     def progress(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
@@ -561,8 +561,8 @@ def build_parser() -> argparse.ArgumentParser:
     wir.add_argument("path")
     wir.set_defaults(func=cmd_golden_wirings)
 
-    from harness.doctor import MAX_PROMPTS, MAX_ROUNDS, ROUND_PROMPTS, SAMPLE_LEN
-    from harness.doctor_outcome import EXIT_HELP
+    from harness.tools.doctor import MAX_PROMPTS, MAX_ROUNDS, ROUND_PROMPTS, SAMPLE_LEN
+    from harness.tools.doctor_outcome import EXIT_HELP
 
     doc = sub.add_parser(
         "doctor", help="diagnose one target/draft pair on disk (no bundle)",

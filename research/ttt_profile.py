@@ -84,7 +84,7 @@ def main() -> None:
     if "embed_tokens.weight" not in load_file(str(bundle / meta["folder"] / "model.safetensors")):
         draft.embed_tokens.weight.data.copy_(target.model.embed_tokens.weight.data)
     held = manifest["heldout"]
-    from harness.weight_inference import greedy_prompts
+    from harness.tools.weight_inference import greedy_prompts
 
     seeds = load_file(str(bundle / "tensors.safetensors"))["heldout.ids"].tolist()
     greedy = greedy_prompts(target, [s[:held["prompt_len"]] for s in seeds], held["max_new_tokens"])

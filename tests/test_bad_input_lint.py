@@ -122,8 +122,8 @@ def test_ids_no_convention_reads_are_an_error_naming_the_fix() -> None:
 
 
 def _embed_first(tmp: Path, ids: list[int]) -> Path:
-    from harness.doctor import NESTED, with_ids
     from harness.golden.paths import default_bundle_path
+    from harness.tools.doctor import NESTED, with_ids
 
     return with_ids(default_bundle_path() / "draft-embed-first", ids, NESTED, tmp)
 

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 from bad_input import assert_no_selftest, one_error_line, seed_stale_selftest, symlink_loop
 
-from harness import cli, selftest
+from harness import cli
+from harness.tools import selftest
 
 
 @pytest.fixture(autouse=True)
@@ -155,7 +156,7 @@ def test_a_run_past_its_limit_is_stopped(smoke_bundle: Path, tmp_path: Path) -> 
     TIMED_OUT, which the scoring counts as not run; its run.log says why."""
     import time
 
-    from harness.selftest import TIMED_OUT
+    from harness.tools.selftest import TIMED_OUT
 
     out = tmp_path / "run"
     start = time.monotonic()

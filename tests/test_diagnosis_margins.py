@@ -35,7 +35,7 @@ from harness.judgement.assertions import (
     diagnose_batch_leak,
     failure,
 )
-from harness.mutant_scan import Served, bundle_drafts, factory_drafts
+from harness.tools.mutant_scan import Served, bundle_drafts, factory_drafts
 
 _oracle = committed_oracle
 

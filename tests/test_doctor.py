@@ -22,8 +22,8 @@ from pathlib import Path
 import pytest
 
 from harness.cli import main
-from harness.doctor import NESTED, TOP_LEVEL, DoctorError, config_layout, with_ids
 from harness.golden.paths import default_bundle_path
+from harness.tools.doctor import NESTED, TOP_LEVEL, DoctorError, config_layout, with_ids
 
 BUNDLE = default_bundle_path()
 TARGET = str(BUNDLE / "target")
@@ -367,17 +367,17 @@ def _evidence(draft_dir: Path, text: str = "sampled"):
     import torch
     from safetensors.torch import load_file
 
-    from harness.doctor import (
+    from harness.golden.features import target_features
+    from harness.models.draft import Eagle3Draft
+    from harness.models.target import load_target
+    from harness.tools.doctor import (
         MAX_ROUNDS,
         PROMPT_NEW_TOKENS,
         ROUND_PROMPTS,
         SAMPLE_LEN,
         SAMPLE_TEMPERATURE,
     )
-    from harness.golden.features import target_features
-    from harness.models.draft import Eagle3Draft
-    from harness.models.target import load_target
-    from harness.weight_inference import (
+    from harness.tools.weight_inference import (
         BlockScores,
         greedy_prompts,
         infer_boundaries,
@@ -406,12 +406,12 @@ def _evidence(draft_dir: Path, text: str = "sampled"):
 def _outcome(draft_dir: Path, convention: str | None, prompts, feats, inference, scores):
     """What the reference engine told `convention` feeds, and the doctor's decision on it
     (None where the engine fails on the draft: exit 1, never conformant either)."""
-    from harness.doctor import fed_labels, serve
-    from harness.doctor_outcome import decide, scorable
     from harness.engines.base import EngineOptions
     from harness.engines.reference import ReferenceEngine
     from harness.run.timeouts import CallBudget
-    from harness.weight_inference import compare
+    from harness.tools.doctor import fed_labels, serve
+    from harness.tools.doctor_outcome import decide, scorable
+    from harness.tools.weight_inference import compare
 
     served = serve(ReferenceEngine, BUNDLE / "target", draft_dir,
                    EngineOptions(training_convention=convention), CallBudget(), prompts)
@@ -432,7 +432,7 @@ def test_the_seed_case_under_every_convention_is_never_conformant(tmp_path: Path
     the embedding) or cannot tell, never wired as trained. One inference, then one capture per
     convention. 10-15 s each."""
     from harness.core.boundaries import CONVENTIONS
-    from harness.doctor_outcome import MISWIRED, WIRED
+    from harness.tools.doctor_outcome import MISWIRED, WIRED
 
     seed = _seed(tmp_path)
     evidence = _evidence(seed, text)
@@ -454,7 +454,7 @@ def test_every_bundle_draft_shifted_by_one_is_never_conformant(tmp_path: Path) -
     slot, each outcome is miswired or cannot tell (or the engine fails on ids it cannot read),
     never wired as trained; unshifted, a draft the weights decide is wired as trained. One
     inference per draft. ~80 s."""
-    from harness.doctor_outcome import WIRED
+    from harness.tools.doctor_outcome import WIRED
 
     manifest = json.loads((BUNDLE / "manifest.json").read_text())
     lines = []
@@ -531,7 +531,7 @@ def test_a_fix_from_the_engines_observed_reading() -> None:
     """Where the ids already name the trained boundaries in the assumed reading, the engine's
     observed plain offset gives the ids to re-serve (engines sort slots, so order is ignored);
     no plain offset, or the same ids again, gives none."""
-    from harness.doctor import _observed_fix
+    from harness.tools.doctor import _observed_fix
 
     assert _observed_fix([1, 3, 4], [1, 3, 4], [2, 4, 5]) == [2, 4, 5]  # b = id: vLLM's reading
     assert _observed_fix([1, 3, 4], [5, 4, 2], [2, 4, 5]) is None  # b = id + 1 already: same ids

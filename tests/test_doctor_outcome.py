@@ -1,4 +1,4 @@
-"""The doctor's decision (harness.doctor_outcome.decide) on every branch, from inference
+"""The doctor's decision (harness.tools.doctor_outcome.decide) on every branch, from inference
 records written out by hand: what the engine feeds against what the weights separate. The
 property the doctor exists for: "wired as trained" only where the engine feeds the weights'
 best boundaries AND the weights rule out every other candidate; a convention never enters."""
@@ -8,7 +8,7 @@ from __future__ import annotations
 import inspect
 from types import SimpleNamespace
 
-from harness.doctor_outcome import (
+from harness.tools.doctor_outcome import (
     CANNOT_TELL,
     EXIT_CODES,
     MISWIRED,

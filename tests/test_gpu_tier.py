@@ -211,7 +211,7 @@ def test_doctor_on_cuda_names_the_shift_and_verifies_the_fix(tmp_path, dtype: st
     from safetensors.torch import load_file
 
     from harness.cli import main
-    from harness.doctor import NESTED, with_ids
+    from harness.tools.doctor import NESTED, with_ids
 
     bundle = default_bundle_path()
     prompts = tmp_path / "heldout.json"

@@ -287,7 +287,7 @@ def test_bf16_mutant_captures_are_named_exactly(key: str, draft: str) -> None:
     (pinned prompts in one batch, each prompt alone as the batch evidence): the diagnosis is
     the mutant's own class, not a skipped capture read off precision's ambiguous tokens."""
     from harness.engines.zoo import MUTANTS
-    from harness.mutant_scan import bundle_drafts, named
+    from harness.tools.mutant_scan import bundle_drafts, named
 
     o = _oracle()
     served = next(d for d in bundle_drafts(o) if d.name == draft)
@@ -322,9 +322,9 @@ CONFIG_MUTANTS = [
                          ids=[f"{k}-{list(b)}-{d}" for k, b, d in CONFIG_MUTANTS])
 def test_layer_id_config_captures_are_named_exactly(key: str, bounds: tuple[int, ...], dtype: str,
                                                     tmp_path: Path) -> None:
-    """The same judgement on drafts the layer-id check draws (harness.mutant_scan.factory_drafts)."""
+    """The same judgement on drafts the layer-id check draws (harness.tools.mutant_scan.factory_drafts)."""
     from harness.engines.zoo import MUTANTS
-    from harness.mutant_scan import factory_drafts, named
+    from harness.tools.mutant_scan import factory_drafts, named
 
     o = _oracle()
     served = next(d for d in factory_drafts(o, tmp_path, [bounds]))

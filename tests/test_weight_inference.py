@@ -1,4 +1,4 @@
-"""Weight inference (harness.weight_inference) on the committed target: never a confident wrong
+"""Weight inference (harness.tools.weight_inference) on the committed target: never a confident wrong
 answer. On the bundle's held-out prompts of its own language (24 prompts continued 32 tokens
 by the target), every bundle draft's best candidate is its training boundaries, confidently for
 specforge-default and single-aux (measured, block scores over 7 TTT steps, prompts as the
@@ -26,7 +26,7 @@ from harness.golden.features import target_features
 from harness.golden.paths import default_bundle_path
 from harness.models.draft import Eagle3Draft
 from harness.models.target import load_target
-from harness.weight_inference import (
+from harness.tools.weight_inference import (
     BlockScores,
     greedy_prompts,
     infer_boundaries,
@@ -140,7 +140,7 @@ def test_coordinate_search_finds_the_trained_boundaries(in_language, monkeypatch
     make 37820) forced on the bundle: started from evenly spread boundaries, it must reach each
     3-slot draft's training boundaries, scoring far fewer candidates than the 84, and be as
     sure of them as the exhaustive search is (confident on specforge-default)."""
-    import harness.weight_inference as wi
+    import harness.tools.weight_inference as wi
 
     target, prompts, feats = in_language
     monkeypatch.setattr(wi, "EXHAUSTIVE_LIMIT", 0)

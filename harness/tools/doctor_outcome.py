@@ -1,6 +1,6 @@
 """The doctor's three outcomes, decided from two pieces of evidence: what the engine fed the
 draft (its capture, fingerprinted against the target's states) and what the draft's weights
-say training fed it (harness.weight_inference).
+say training fed it (harness.tools.weight_inference).
 
 - "wired as trained": the engine feeds the weights' best boundaries and the weights separate
   them from every other candidate beyond the sampling error.

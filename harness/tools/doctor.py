@@ -5,7 +5,7 @@ engine's availability), lints the draft config under every known convention
 (harness.judgement.lint.convention_readings), starts the engine, computes the training-time reference on
 the fly (fp32 transformers target through the residual recorder), captures what the engine
 feeds the draft, infers from the draft's weights which boundaries it was trained on
-(harness.weight_inference), and decides one of three outcomes (harness.doctor_outcome):
+(harness.tools.weight_inference), and decides one of three outcomes (harness.tools.doctor_outcome):
 wired as trained, miswired (with the fix, re-served to verify it), or cannot tell (with the
 candidates and what would separate them).
 
@@ -263,7 +263,7 @@ def run_doctor(target: Path, draft: Path, engine_name: str, convention: str | No
                device: str, dtype: str | None, report_dir: Path | None,
                say: Callable[[str], None] = print, prompts_file: Path | None = None,
                progress: Callable[[str], None] | None = None, timeout_scale: float = 1.0) -> int:
-    """The doctor; returns the exit code (harness.doctor_outcome.EXIT_CODES; 2 is raised as
+    """The doctor; returns the exit code (harness.tools.doctor_outcome.EXIT_CODES; 2 is raised as
     DoctorError). `say`: the findings (stdout); `progress`: steps and progress (stderr; None
     sends them to `say`)."""
     import torch
@@ -387,7 +387,7 @@ class _Doctor:
 
         from harness.golden.features import target_features
         from harness.models.target import load_target
-        from harness.weight_inference import greedy_prompts
+        from harness.tools.weight_inference import greedy_prompts
 
         try:
             model = load_target(self.i.target, torch.float32, self.device)
@@ -409,7 +409,7 @@ class _Doctor:
         return model, prompts, [target_features(model, p) for p in prompts], score_from
 
     def _sample(self, model: Any, round_: int) -> list[list[int]]:
-        from harness.weight_inference import sampled_prompts
+        from harness.tools.weight_inference import sampled_prompts
 
         start = self.i.tcfg.get("bos_token_id")
         start = start if isinstance(start, int) and 0 <= start < int(self.i.tcfg["vocab_size"]) else 0
@@ -432,9 +432,9 @@ class _Doctor:
                  fed: list[Any] | None) -> tuple[Any, Any, Any]:
         """Weight inference in rounds until the outcome is decided or the budget is spent:
         (inference, outcome, block scores)."""
-        from harness.doctor_outcome import CANNOT_TELL, decide, scorable
         from harness.golden.features import target_features
-        from harness.weight_inference import BlockScores, compare, infer_boundaries
+        from harness.tools.doctor_outcome import CANNOT_TELL, decide, scorable
+        from harness.tools.weight_inference import BlockScores, compare, infer_boundaries
 
         dmodel = self._draft_model(model)
         scores = BlockScores(dmodel, score_from)
@@ -483,8 +483,8 @@ class _Doctor:
 
     def run(self) -> int:
         from harness.core.boundaries import LayerIdError, ids_to_boundaries, short_boundary
-        from harness.doctor_outcome import CANNOT_TELL
         from harness.judgement.lint import convention_readings
+        from harness.tools.doctor_outcome import CANNOT_TELL
 
         i = self.i
         self.say(f"target {i.target}: {self.n} layers, hidden {i.tcfg['hidden_size']}; draft "
@@ -544,7 +544,7 @@ class _Doctor:
         suite's capture check), for every outcome but "cannot tell"."""
         from dataclasses import replace
 
-        from harness.doctor_outcome import CANNOT_TELL, MISWIRED, WIRED
+        from harness.tools.doctor_outcome import CANNOT_TELL, MISWIRED, WIRED
 
         if outcome.kind == CANNOT_TELL:
             return None, outcome
@@ -560,8 +560,8 @@ class _Doctor:
         """The engine crashed or hung on the draft: that is the finding (exit 1), reported
         without reading the weights, which could not change it."""
         from harness.diagnosis.crash import crash_diagnosis
-        from harness.doctor_outcome import ENGINE_FAILED, Outcome
         from harness.run.timeouts import hang_diagnosis
+        from harness.tools.doctor_outcome import ENGINE_FAILED, Outcome
 
         if served.hang is not None:
             diag = hang_diagnosis(self.engine_name, served.hang)
@@ -601,8 +601,8 @@ class _Doctor:
 
     def _assumption(self, told: list[int] | None, outcome: Any, inference: Any, scores: Any) -> None:
         """The user's convention, weighed against the weights and never in their place."""
-        from harness.doctor_outcome import CANNOT_TELL
-        from harness.weight_inference import compare
+        from harness.tools.doctor_outcome import CANNOT_TELL
+        from harness.tools.weight_inference import compare
 
         if told is None:
             return
@@ -673,8 +673,8 @@ class _Doctor:
     def _report(self, outcome: Any, inference: Any, diag: Any, fed: list[Any] | None,
                 fix: dict[str, Any] | None, prompts: list[list[int]]) -> int:
         from harness.diagnosis.observed_convention import Observation
-        from harness.doctor_outcome import CANNOT_TELL, WIRED
         from harness.reports.report import ReportCollector, verdict_line, write_reports
+        from harness.tools.doctor_outcome import CANNOT_TELL, WIRED
 
         collector = ReportCollector()
         check = collector.check("doctor::capture", "doctor::capture", self.i.draft.name, True)
@@ -732,7 +732,7 @@ def _observed_fix(ids: Sequence[int], fed: Sequence[Any] | None, trained: Sequen
 
 def _headline(outcome: Any, fix: dict[str, Any] | None) -> str:
     """The outcome in the words of issue #32: "miswired: trained at X, served at Y, fix Z"."""
-    from harness.doctor_outcome import CANNOT_TELL, MISWIRED, WIRED
+    from harness.tools.doctor_outcome import CANNOT_TELL, MISWIRED, WIRED
 
     if outcome.kind == WIRED:
         return f"WIRED AS TRAINED: the engine feeds {outcome.fed}, the boundaries training used"
@@ -757,7 +757,7 @@ def _headline(outcome: Any, fix: dict[str, Any] | None) -> str:
 
 
 def _cands(cands: Sequence[Sequence[int]]) -> str:
-    from harness.doctor_outcome import candidates_text
+    from harness.tools.doctor_outcome import candidates_text
 
     return candidates_text(cands)
 
