@@ -1,6 +1,6 @@
 """The layering the house rules promise, checked on the import statements themselves (lazy
 imports inside functions included). The packages of harness/ stack bottom to top as LAYERS
-lists them (docs/DESIGN.md, "The tree"); a module imports from its own package and those
+lists them (docs/DESIGN.md, "The house"); a module imports from its own package and those
 below, never from one above, and nothing imports the command line. Besides: core imports
 nothing of the package; the diagnosis names causes and never runs an engine; what every pytest
 start loads through the plugin (core, reports, the diagnosis record) imports no torch."""
@@ -49,6 +49,7 @@ RULES = [(f"{p}/**/*.py", above(p) + BESIDES.get(p, ())) for p in LAYERS] + [
     ("diagnosis/crash.py", ("torch",)),
     ("diagnosis/observed_convention.py", ("torch",)),  # the report renders it
     ("adapter.py", tuple(f"harness.{p}" for p in LAYERS if p not in ("core", "engines")) + TOP),
+    ("schemas/*.py", ("harness",)),  # the JSON Schemas and their validator, beside the layers
 ]
 
 
