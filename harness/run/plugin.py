@@ -91,6 +91,11 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[_KEY] = state
 
 
+def pytest_sessionstart(session: pytest.Session) -> None:
+    # after Hypothesis' own pytest plugin loaded --hypothesis-profile (its configure runs after ours)
+    profiles.apply_shrink_limit()
+
+
 def pytest_report_header(config: pytest.Config) -> str:
     given = config.getoption("bundle") or "golden/tiny-dsv3 (default)"
     return (f"eagle3-conformance: engine {config.getoption('engine')}, bundle {given}, "

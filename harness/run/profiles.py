@@ -13,6 +13,7 @@ import os
 from collections.abc import Mapping
 
 from hypothesis import HealthCheck, settings
+from hypothesis.internal.conjecture import engine as _conjecture_engine
 
 PROFILES = ("dev", "ci", "nightly")
 _SLOW_IS_FINE = [HealthCheck.too_slow]
@@ -33,6 +34,27 @@ LAYER_ID_EXAMPLES = {"dev": 4, "ci": 5, "nightly": 100}
 # shrinking continue on the configs already up. A reference engine starts in well under a
 # second and serves dozens; a vLLM worker takes ~15 s, so ci serves the first config per layout.
 LAYER_ID_STARTUP_BUDGET_S = {"dev": 10.0, "ci": 10.0, "nightly": None}
+
+
+# Seconds Hypothesis may spend shrinking one failing check. Its own limit is five minutes per
+# failure (`MAX_SHRINKING_SECONDS`, which its source keeps monkeypatchable for exactly this), so a
+# run with a dozen failing checks could spend an hour shrinking while a passing run takes ~6 min:
+# issue #31 measured a failing ci run at 18 min against 3 min 50 s. Measured since, a failing
+# check's whole extra time is ~1-7 s (zoo:ids_plus_one, 28 failing checks, 42 s in all, a
+# ci run of 357 s against the passing 382 s): 30 s is several times what a shrink needs here and
+# caps one pathological shrink at under a tenth of a passing ci run. Where it stops, Hypothesis
+# reports the smallest failing example found so far (its warning says "five minutes" whatever
+# the limit). nightly keeps Hypothesis' own limit: it is the run that searches hardest.
+SHRINK_LIMIT_S = {"dev": 30, "ci": 30, "nightly": 300}
+
+
+def apply_shrink_limit(profile: str | None = None) -> int:
+    """Set Hypothesis' shrink limit to SHRINK_LIMIT_S of `profile` (default: the loaded one; a
+    profile registered elsewhere gets ci's) and return it."""
+    name = profile or settings.get_current_profile_name()
+    limit = SHRINK_LIMIT_S.get(name, SHRINK_LIMIT_S["ci"])
+    _conjecture_engine.MAX_SHRINKING_SECONDS = limit
+    return limit
 
 
 def layer_id_examples(profile: str | None = None) -> int:
