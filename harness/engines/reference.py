@@ -41,12 +41,14 @@ from harness.models.variants import apply_choices, load_implementation
 from harness.models.variants import implementation as variant
 
 
-def load_any_target(path: Path, dtype: torch.dtype, device: str) -> torch.nn.Module:
+def load_any_target(path: Path, dtype: torch.dtype, device: str,
+                    placement: str | None = None) -> torch.nn.Module:
     """DeepSeek-V3 through the harness loader (the golden target); any other HF causal LM
-    (Llama, Qwen, ...) through AutoModelForCausalLM."""
+    (Llama, Qwen, ...) through AutoModelForCausalLM; either spread over the processes of a
+    torchrun launch by transformers' tensor parallelism where `placement` says so."""
     config = json.loads((Path(path) / "config.json").read_text())
-    if config.get("model_type") == "deepseek_v3":
-        return load_target(path, dtype, device)
+    if config.get("model_type") == "deepseek_v3" or placement is not None:
+        return load_target(path, dtype, device, placement)
     model = transformers.AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype)
     return model.to(device).eval()
 
@@ -96,7 +98,7 @@ class ReferenceEngine(Eagle3Runtime, Engine):
         dtype = getattr(torch, options.dtype)
         draft = Eagle3Draft.load(self.draft_dir, dtype, options.device)
         if implementation is None:
-            target = load_any_target(self.target_dir, dtype, options.device)
+            target = load_any_target(self.target_dir, dtype, options.device, options.placement)
         else:
             impl = replace(variant(implementation), device=options.device)
             target = load_implementation(self.target_dir, dtype, impl)

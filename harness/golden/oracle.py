@@ -27,10 +27,15 @@ from harness.models.variants import FC_MEMBERS, Implementation, apply_choices
 
 
 class Oracle:
-    def __init__(self, bundle: Bundle, members: Sequence[Implementation] | None = None) -> None:
+    def __init__(self, bundle: Bundle, members: Sequence[Implementation] | None = None,
+                 placement: str | None = None) -> None:
         """`members`: the implementations precision envelopes are made of (default: every
-        variant on the CPU and, where torch sees a GPU, the defaults and the composites there)."""
+        variant on the CPU and, where torch sees a GPU, the defaults and the composites there).
+        `placement`: the fp32 target spread over the processes of a torchrun launch
+        (harness.models.placement; every rank answers alike), for a target one device cannot
+        hold; None: the whole target in this process."""
         self.bundle = bundle
+        self.placement = placement
         self._members = members
         self._cache: dict[tuple[int, ...], TargetFeatures] = {}
         self._drafts: dict[str, Eagle3Draft] = {}
@@ -46,7 +51,7 @@ class Oracle:
 
     @cached_property
     def target(self) -> torch.nn.Module:
-        return load_target(self.bundle.target_dir, torch.float32, "cpu")
+        return load_target(self.bundle.target_dir, torch.float32, "cpu", self.placement)
 
     def draft(self, name: str) -> Eagle3Draft:
         if name not in self._drafts:

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
+from harness.models.placement import gathered
 from harness.models.target import decoder_layers
 
 
@@ -32,7 +33,11 @@ class StateRecorder:
     """Forward hooks that keep the residual stream of the latest target forward.
 
     Pre-hooks on the decoder layers and the final norm rather than `output_hidden_states`:
-    transformers 5.19 returns boundary N after the final norm there.
+    transformers 5.19 returns boundary N after the final norm there. Under a tensor-parallel
+    placement (harness/models/placement.py) a state the plan leaves sharded (a DTensor) is
+    all-gathered before it is kept, so a boundary is always the whole residual stream; with
+    transformers' DeepSeek-V3 plan none is (row-parallel outputs are all-reduced inside the
+    layer), which tests/test_distributed_placement.py checks on two processes.
     """
 
     def __init__(self, model: torch.nn.Module) -> None:
@@ -54,18 +59,18 @@ class StateRecorder:
     def _on_input(self, b: int):
         def hook(_module, args, kwargs):
             if self.active:
-                self._inputs[b] = (args[0] if args else kwargs["hidden_states"]).detach()
+                self._inputs[b] = gathered(args[0] if args else kwargs["hidden_states"]).detach()
         return hook
 
     def _on_mlp(self, b: int):
         def hook(_module, _args, out):
             if self.active:
-                self._mlp[b] = (out[0] if isinstance(out, tuple) else out).detach()
+                self._mlp[b] = gathered(out[0] if isinstance(out, tuple) else out).detach()
         return hook
 
     def _on_normed(self, _module, _args, out) -> None:
         if self.active:
-            self._normed = (out[0] if isinstance(out, tuple) else out).detach()
+            self._normed = gathered(out[0] if isinstance(out, tuple) else out).detach()
 
     def take(self) -> TargetStates:
         n = self.num_layers

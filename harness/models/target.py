@@ -74,8 +74,14 @@ def build_target(config: dict[str, Any], seed: int) -> DeepseekV3ForCausalLM:
 
 
 def load_target(path: str | Path, dtype: torch.dtype = torch.float32,
-                device: str | torch.device = "cpu") -> DeepseekV3ForCausalLM:
-    """Load any HF-format DeepSeek-V3 checkpoint (ours or a user's)."""
+                device: str | torch.device = "cpu", placement: str | None = None) -> DeepseekV3ForCausalLM:
+    """Load any HF-format DeepSeek-V3 checkpoint (ours or a user's); `placement`: a name of
+    harness.models.placement.PLACEMENTS to spread it over the processes of a torchrun launch
+    (each rank then holds its own shards on its own device, and `device` is not used)."""
+    if placement is not None:
+        from harness.models.placement import load_target_placed
+
+        return load_target_placed(path, dtype, placement)
     model = DeepseekV3ForCausalLM.from_pretrained(str(path), dtype=dtype)
     return model.to(device).eval()
 
