@@ -22,6 +22,7 @@ def _check(engine: Engine, oracle: Oracle, spec: DraftSpec, draft_name: str,
         device=engine.options.device,
         training_boundaries=spec.boundaries, engine_name=engine.name,
         engine_convention=engine.convention, config_ids=spec.layer_ids, draft=draft_name, check=check,
+        pipeline_stages=getattr(engine, "pipeline_stages", None),
         alone=lambda some: [engine.capture([p]).features[0] for p in some],
         context=(lambda: (pinned, engine.capture(pinned).features, [oracle.features(p) for p in pinned]))
         if context else None)

@@ -326,7 +326,7 @@ def test_suggested_fix_verified(engine: Engine, oracle: Oracle, spec: DraftSpec,
     except EngineCrash as crash:
         diag = crash_diagnosis(str(crash), spec.layer_ids, oracle.bundle.hidden_size,
                                engine_convention=engine.convention, training_boundaries=spec.boundaries,
-                               num_layers=n)
+                               num_layers=n, pipeline_stages=getattr(engine, "pipeline_stages", None))
     if diag is not None and diag.kind == "ok":
         report.fix(draft_name, {"ids": list(spec.layer_ids), "layout": None, "suggested": False,
                                 "result": "no fix needed: the engine captures the training boundaries"})

@@ -10,6 +10,7 @@ import re
 from collections.abc import Sequence
 
 from harness.core.boundaries import Convention, LayerIdError, boundaries_to_ids, get_convention
+from harness.diagnosis.placement import placement_diagnosis
 from harness.diagnosis.record import Diagnosis
 
 _SHAPES = re.compile(r"mat1 and mat2 shapes cannot be multiplied \((\d+)x(\d+) and (\d+)x(\d+)\)")
@@ -41,7 +42,8 @@ def _embedding_ids(engine_convention: str | Convention | None, training_boundari
 def crash_diagnosis(message: str, config_ids: Sequence[int], target_hidden: int, *,
                     engine_convention: str | Convention | None = None,
                     training_boundaries: Sequence[int] | None = None,
-                    num_layers: int | None = None) -> Diagnosis:
+                    num_layers: int | None = None,
+                    pipeline_stages: Sequence[int] | None = None) -> Diagnosis:
     """An engine that fails on a draft is nonconformant too; name why where the error shows it.
 
     A matmul shape error whose fed width is a multiple of the target hidden size smaller than
@@ -58,6 +60,11 @@ def crash_diagnosis(message: str, config_ids: Sequence[int], target_hidden: int,
         widths = (int(m.group(2)), int(m.group(3)))
     elif k := _KERNEL.search(message):
         widths = (int(k.group(1)), int(k.group(2)))
+    placed = widths and placement_diagnosis(
+        widths[0], widths[1], target_hidden, source=f"the engine crashed ({first}): it fed fc",
+        training_boundaries=training_boundaries, pipeline_stages=pipeline_stages)
+    if placed:
+        return placed
     if widths and widths[0] % target_hidden == 0 and widths[1] % target_hidden == 0:
         fed, want = widths[0] // target_hidden, widths[1] // target_hidden
     v = None if widths else _VIEW.search(message)

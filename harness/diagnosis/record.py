@@ -18,7 +18,7 @@ CAPTURE_KINDS = ("ok", "offset", "embedding_missing", "order_permuted", "final_b
                  "final_boundary_missing", "residual_missing", "stale_or_skipped", "ids_ignored",
                  "slots_aliased", "precision_loss", "normalised", "partial_residual",
                  "position_shifted", "request_mixed", "slots_interleaved", "batch_dependent",
-                 "unrecognised")
+                 "capture_shard", "capture_missing_rank", "unrecognised")
 DRAFT_SIDE_KINDS = ("fc_skipped", "fc_wrong", "fc_on_recurrent_state", "d2t_absolute",
             "draft_kv_not_rolled_back")
 DECODE_KINDS = ("decode_misaligned", "draft_positions_shifted", "history_dependent")  # diagnosis.decode

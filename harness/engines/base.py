@@ -145,6 +145,11 @@ class Engine(abc.ABC):
     # the adapter's own (an engine the package does not know), or None when it honours the
     # draft's training convention. Diagnoses word the fixing id list in it.
     convention: ClassVar[str | Convention | None] = None
+    # Where the target runs as a pipeline: the first decoder layer of each stage, ascending
+    # (SGLang and transformers split N layers evenly: (0, N//2) for two stages), set by an
+    # adapter that knows its launch. None: no pipeline, or not said. Only diagnoses read it: a
+    # capture of the last stage's boundaries alone is then named `capture_missing_rank`.
+    pipeline_stages: tuple[int, ...] | None = None
     default_dtype: ClassVar[str] = "float32"
     # True when the constructor does all the start-up (loads every model) and the first call
     # does none: its first call's deadline is then derived from the measured construction

@@ -775,3 +775,56 @@ class CaptureHangs(Mutant):
 
 
 MUTANTS.update({cls.name.removeprefix("zoo:"): cls for cls in (AuxBufferUnwritten, CaptureHangs)})
+
+
+# -- a target placed over several processes: what reaches the drafter from other ranks -------
+
+
+class CaptureShard(Mutant):
+    """Rank 0 of a two-way tensor-parallel engine whose capture keeps its own shard of the
+    hidden dimension (the first H/2 columns of every slot: a DTensor's `to_local()`, or a
+    column-parallel output without `gather_output`) and hands it to the replicated draft
+    without the all-gather. The same omission on the target's sharded logits was fixed in
+    NVIDIA-NeMo/Automodel PR #2829 ("vocab-sharded (DTensor) logits ... gathers them to a full
+    tensor for the draft"); issue #38 of this suite asks for the hidden-state case. fc gets
+    n * H/2 columns and crashes on the width, on every bundle draft."""
+
+    name = "zoo:capture_shard"
+    bug_class = "a tensor-parallel rank's shard of each aux state handed over without the all-gather"
+    expected_diagnosis_kind = "capture_shard"
+    hook = "take_state"
+    issue = "NVIDIA-NeMo/Automodel PR #2829 (sharded target output not gathered for the draft)"
+    world_size: ClassVar[int] = 2
+    shard_rank: ClassVar[int] = 0
+
+    def take_state(self, boundary: int, states: TargetStates) -> torch.Tensor:
+        return states.inputs[boundary].tensor_split(self.world_size, dim=-1)[self.shard_rank]
+
+
+class CaptureMissingRank(Mutant):
+    """The last stage of a two-stage pipeline, where only the last stage captures: SGLang's
+    `set_eagle3_layers_to_capture` returns on every pipeline rank but the last
+    (sgl-project/sglang PR #39644 proposes to refuse it), and vLLM's models return
+    `IntermediateTensors` without the aux states on the others, so "the drafter receives fewer
+    aux states than expected" (vllm-project/vllm PR #45985; RBLN-SW/vllm-rbln#1007). Layers
+    split evenly as SGLang and transformers do ((0, N//2): boundaries below N//2 are computed
+    on stage 0); the adapter declares that layout in `pipeline_stages`, as one for a pipelined
+    engine would. specforge-default [2,4,5] -> [4,5], embed-first [0,4,6] -> [4,6], final-aux
+    [2,4,8] -> [4,8] (fc crashes on the width); single-aux [4] lies on the last stage."""
+
+    name = "zoo:capture_missing_rank"
+    bug_class = "aux states of boundaries on pipeline stages before the last never reach the drafter"
+    expected_diagnosis_kind = "capture_missing_rank"
+    hook = "capture_boundaries"
+    issue = "vllm-project/vllm PR #45985; sgl-project/sglang PR #39644; RBLN-SW/vllm-rbln#1007"
+
+    @property
+    def pipeline_stages(self) -> tuple[int, ...]:
+        return (0, self.num_layers // 2)
+
+    def capture_boundaries(self) -> Sequence[int]:
+        last = self.pipeline_stages[-1]
+        return [b for b in self.trained_boundaries() if b >= last]
+
+
+MUTANTS.update({cls.name.removeprefix("zoo:"): cls for cls in (CaptureShard, CaptureMissingRank)})

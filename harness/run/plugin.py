@@ -285,7 +285,8 @@ def _crash_failure(item: pytest.Item, exc: BaseException) -> BaseException | Non
                          draft=draft or "<draft>",
                          engine_convention=getattr(engine, "convention", None),
                          training_boundaries=spec.boundaries if spec else None,
-                         num_layers=bundle.num_layers)
+                         num_layers=bundle.num_layers,
+                         pipeline_stages=getattr(engine, "pipeline_stages", None))
 
 
 def _crashes_fail(item: pytest.Item) -> Generator[None, Any, Any]:

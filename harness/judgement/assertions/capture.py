@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from functools import partial
+from typing import Any, NoReturn
 
 import torch
 
@@ -16,6 +17,7 @@ from harness.diagnosis.capture import diagnose_capture
 from harness.diagnosis.evidence import seen_per_slot
 from harness.diagnosis.fingerprint import relative_errors
 from harness.diagnosis.identity import WRONG, classify_capture, classify_tokens, noise_allowance
+from harness.diagnosis.placement import placement_diagnosis
 from harness.diagnosis.record import Diagnosis, unexplained
 from harness.golden.envelope import Envelope
 from harness.golden.features import TargetFeatures
@@ -42,6 +44,13 @@ def _strict_off_tokens(features: Sequence[torch.Tensor], golden: Sequence[Target
     return off_total, tokens, worst
 
 
+def _wrong_width(widths: set[int], expected_width: int, training_boundaries: Sequence[int],
+                 hidden: int, diag: Diagnosis, **where: Any) -> NoReturn:
+    fail(f"the engine handed the draft {sorted(widths)}-wide features, training fed fc "
+         f"{expected_width} = {len(training_boundaries)} aux states x {hidden}; "
+         f"{diag.message}", diagnoses=[diag], **where)
+
+
 def assert_capture_matches(*, features: Sequence[torch.Tensor], golden: Sequence[TargetFeatures],
                            training_boundaries: Sequence[int], dtype: str,
                            engine_name: str, engine_convention: str | None,
@@ -51,7 +60,8 @@ def assert_capture_matches(*, features: Sequence[torch.Tensor], golden: Sequence
                            alone: Callable[[Sequence[Sequence[int]]], Sequence[torch.Tensor]] | None = None,
                            context: Callable[[], tuple[Sequence[Sequence[int]], Sequence[torch.Tensor],
                                                        Sequence[TargetFeatures]]] | None = None,
-                           in_batch: bool | None = None) -> Diagnosis:
+                           in_batch: bool | None = None,
+                           pipeline_stages: Sequence[int] | None = None) -> Diagnosis:
     """The engine handed the draft, slot by slot and token by token, what training used.
 
     fp32: every token within the strict bound. Reduced precision: no token may be what a
@@ -66,11 +76,19 @@ def assert_capture_matches(*, features: Sequence[torch.Tensor], golden: Sequence
     is diagnosed with enough evidence (a lone zero row fits many causes); `alone`, the engine's
     features of the given prompts each captured on its own (the evidence that tells a
     batch-dependent capture from every other cause), used where the diagnosed rows were
-    captured in a batch: `in_batch` (default: more than one prompt), or context rows."""
+    captured in a batch: `in_batch` (default: more than one prompt), or context rows.
+    `pipeline_stages`: the engine's declared pipeline layout (Engine.pipeline_stages), so that
+    a capture of the last stage's slots alone is named (harness.diagnosis.placement)."""
     assert_finite("the aux features the engine handed the draft", features)
     hidden = golden[0].boundaries.shape[-1]
     expected_width = len(training_boundaries) * hidden
     widths = {int(x.shape[-1]) for x in features}
+    placed = len(widths) == 1 and placement_diagnosis(
+        next(iter(widths)), expected_width, hidden, source="the adapter reported",
+        training_boundaries=training_boundaries, pipeline_stages=pipeline_stages)
+    if placed:  # a width only a placement leaves: no state to fingerprint slot by slot
+        _wrong_width(widths, expected_width, training_boundaries, hidden, placed,
+                     draft=draft, engine_name=engine_name, prompts=prompts, check=check)
     tol = tolerance_for(dtype)
     found = None
     if not tol.strict:
@@ -98,10 +116,8 @@ def assert_capture_matches(*, features: Sequence[torch.Tensor], golden: Sequence
             and (batched or len(seen_x) > len(features))):
         diag = diagnose(seen_x, seen_g, alone=alone(seen_p))
     if widths != {expected_width}:
-        fail(f"the engine handed the draft {sorted(widths)}-wide features, training fed fc "
-             f"{expected_width} = {len(training_boundaries)} aux states x {hidden}; "
-             f"{diag.message}", draft=draft, engine_name=engine_name, prompts=prompts,
-             diagnoses=[diag], check=check)
+        _wrong_width(widths, expected_width, training_boundaries, hidden, diag,
+                     draft=draft, engine_name=engine_name, prompts=prompts, check=check)
     bound = tolerance_text(dtype, golden[0].num_layers)
     if tol.strict:
         off, total, worst = _strict_off_tokens(features, golden, training_boundaries, tol.rtol)
