@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 import torch
 
+from harness.diagnosis.crash import crash_diagnosis
 from harness.diagnosis.record import KINDS
 from harness.engines.base import EngineOptions
 from harness.engines.reference import ReferenceEngine
@@ -147,10 +148,28 @@ def _same(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
                for x, y in zip(a, b, strict=True))
 
 
+def _crash_named(key: str, draft: str, error: str) -> bool:
+    """Whether the suite's crash diagnosis (as the plugin calls it) names the mutant's own
+    kind from its crash: then the crash is what the suite sees of the bug (a capture over
+    several processes that feeds fc a shard, or the last pipeline stage's slots alone)."""
+    spec = _bundle().draft(draft)
+    engine = _engine(MUTANTS[key], draft)
+    try:
+        diag = crash_diagnosis(error, spec.layer_ids, _bundle().hidden_size,
+                               engine_convention=engine.convention, training_boundaries=spec.boundaries,
+                               num_layers=engine.num_layers,
+                               pipeline_stages=getattr(engine, "pipeline_stages", None))
+    finally:
+        engine.close()
+    return diag.kind == MUTANTS[key].expected_diagnosis_kind
+
+
 def _capture_differs(key: str, draft: str) -> bool:
     ref, got = _observed(ReferenceEngine, draft), _observed(MUTANTS[key], draft)
     if got.capture is None:
-        return got.hung is not None  # hung: differs; crashed: nothing the suite could diagnose
+        # hung: differs; crashed: only where the crash names the bug (else nothing the suite
+        # could diagnose)
+        return got.hung is not None or (got.error is not None and _crash_named(key, draft, got.error))
     return not (_same(got.capture.features, ref.capture.features)
                 and _same(got.capture.fc_out, ref.capture.fc_out))
 
