@@ -28,7 +28,7 @@ from harness.engines.reference import ReferenceEngine
 from harness.golden.bundle import Bundle, load_bundle
 from harness.golden.features import target_features
 from harness.golden.oracle import Oracle
-from harness.models.placement import TENSOR_PARALLEL, is_sharded, rank, world_size
+from harness.models.placement import TENSOR_PARALLEL, gathered, is_sharded, rank, world_size
 from harness.models.target import decoder_layers
 from harness.paths import default_bundle_path
 
@@ -72,6 +72,22 @@ def _raw_states(model: torch.nn.Module, prompt: Sequence[int]) -> list[dict[str,
     return seen
 
 
+def _sharded_state(boundaries: torch.Tensor) -> dict[str, Any] | None:
+    """Where a plan would leave the stream sharded by columns (none of DeepSeek-V3's does): a
+    boundary laid out as Shard(-1) over the mesh, as the recorder's `gathered` returns it. The
+    local width is the shard's; the gathered one must be the whole state, equal to it."""
+    if world_size() < 2:
+        return None
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    whole = boundaries[-1][None].contiguous()
+    placed = distribute_tensor(whole, init_device_mesh("cpu", (world_size(),)), [Shard(-1)])
+    back = gathered(placed)
+    return {"local_width": int(placed.to_local().shape[-1]), "gathered_width": int(back.shape[-1]),
+            "equal": bool(torch.equal(back, whole))}
+
+
 def record(bundle: Bundle, placement: str | None) -> dict[str, Any]:
     oracle, engine = build(bundle, placement)
     prompts = probe_prompts(bundle)
@@ -84,7 +100,7 @@ def record(bundle: Bundle, placement: str | None) -> dict[str, Any]:
         engine.close()
     return {
         "world_size": world_size(), "rank": rank(), "placement": placement, "prompts": prompts,
-        "raw": _raw_states(oracle.target, prompts[0]),
+        "raw": _raw_states(oracle.target, prompts[0]), "sharded_state": _sharded_state(feats[0].boundaries),
         "boundaries": [f.boundaries for f in feats], "mlp_out": [f.mlp_out for f in feats],
         "final_normed": [f.final_normed for f in feats], "logits": [f.logits for f in feats],
         "features": capture.features, "fc_out": capture.fc_out,

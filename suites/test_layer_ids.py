@@ -208,11 +208,24 @@ class ServedDrafts:
                 first = (str(crash).strip().splitlines() or ["engine failure"])[0]
                 if not isinstance(crash, EngineCrash):
                     first = f"{type(crash).__name__}: {first}"
-                self._crashes[key] = (first, [crash_diagnosis(str(crash), ids,
-                                                              self.oracle.bundle.hidden_size)])
+                self._crashes[key] = (first, [crash_diagnosis(
+                    str(crash), ids, self.oracle.bundle.hidden_size,
+                    **self._placement_context(ids, told))])
                 self.close()
                 return self._crashes[key]
         return self._captures[memo]
+
+    def _placement_context(self, ids: Sequence[int], told: str | None) -> dict:
+        """What names a capture of the last pipeline stage alone in a crash: the live engine's
+        declared stages and the boundaries training meant (harness.diagnosis.placement)."""
+        stages = getattr(self._live[1], "pipeline_stages", None) if self._live else None
+        if not stages or told is None:
+            return {}
+        try:
+            trained = ids_to_boundaries(ids, told, self.oracle.bundle.num_layers)
+        except LayerIdError:
+            return {}
+        return {"training_boundaries": trained, "pipeline_stages": stages}
 
     def serve(self, ids: Sequence[int], layout: str, told: str | None, trained: Sequence[int],
               batch: Sequence[Sequence[int]], check: str) -> Served:

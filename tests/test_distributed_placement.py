@@ -19,7 +19,9 @@ is summation order too.
 Whole on every rank: the record holds the type and width of the raw tensor every decoder
 layer's and the final norm's forward pre-hook was handed, before any gathering; they must be
 plain full-width tensors, and both ranks' records bitwise equal (the all-reduce hands every
-rank the same sum).
+rank the same sum). And where a plan would leave the stream sharded by columns (none of
+DeepSeek-V3's does), the recorder's gather is shown on a real Shard(-1) DTensor over the two
+processes: half the columns locally, the whole state back.
 """
 
 from __future__ import annotations
@@ -95,6 +97,9 @@ def test_every_rank_holds_the_whole_residual_stream(records: tuple[dict, dict, d
             assert seen["shape"][-1] == hidden, seen
     for key in STATES:
         assert all(torch.equal(x, y) for x, y in zip(rank0[key], rank1[key], strict=True)), key
+    # a state a plan leaves sharded by columns is recorded whole (harness.models.placement.gathered)
+    for rec in (rank0, rank1):
+        assert rec["sharded_state"] == {"local_width": hidden // 2, "gathered_width": hidden, "equal": True}
 
 
 @pytest.mark.slow(reason="starts three Python processes with torch, two of them a gloo group: ~20 s")

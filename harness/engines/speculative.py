@@ -214,7 +214,11 @@ class Eagle3Runtime:
     # ---------------------------------------------------------------- machinery ----------
 
     def aux_of(self, states: TargetStates) -> torch.Tensor:
-        """What the engine hands fc for one forward: [B, T, n*H]."""
+        """What the engine hands fc for one forward: [B, T, n*H]; [B, T, 0] where it captures
+        no boundary at all (a pipeline stage whose layers hold none of them), which fc refuses
+        on the width as a real engine's does."""
+        if not self.boundaries:
+            return states.inputs[0][..., :0]
         return self.combine([self.take_state(b, states) for b in self.boundaries])
 
     def target_forward(self, ids: torch.Tensor, positions: torch.Tensor,

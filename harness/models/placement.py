@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+from functools import cache
 from pathlib import Path
 
 import torch
@@ -89,14 +90,24 @@ def load_target_placed(path: str | Path, dtype: torch.dtype, placement: str) -> 
     return model.eval()
 
 
-def is_sharded(x: object) -> bool:
-    """Whether `x` is a DTensor (a tensor laid out over the mesh, possibly a shard per rank)."""
+@cache
+def _dtensor() -> type | None:
+    """torch's DTensor class, imported once (the recorder asks on every hook call); None
+    where torch was built without distributed support."""
+    if not torch.distributed.is_available():
+        return None
     from torch.distributed.tensor import DTensor
 
-    return isinstance(x, DTensor)
+    return DTensor
+
+
+def is_sharded(x: object) -> bool:
+    """Whether `x` is a DTensor (a tensor laid out over the mesh, possibly a shard per rank)."""
+    cls = _dtensor()
+    return cls is not None and isinstance(x, cls)
 
 
 def gathered(x: torch.Tensor) -> torch.Tensor:
     """`x` as one whole tensor on this rank: a DTensor all-gathered (its own
     `full_tensor()`: the collective, not a copy of one shard); a plain tensor as it is."""
-    return x.full_tensor() if torch.distributed.is_available() and is_sharded(x) else x
+    return x.full_tensor() if is_sharded(x) else x
