@@ -28,8 +28,10 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import signal
 import subprocess
 import sys
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -63,16 +65,18 @@ def _env() -> dict[str, str]:
 def records(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, dict, dict]:
     out = tmp_path_factory.mktemp("placement")
     probe = ["-m", "harness.placement_probe", "--out", str(out)]
-    runs = [subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                              "--nproc-per-node", "2", *probe], cwd=ROOT, env=_env(),
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True),
-            subprocess.Popen([sys.executable, *probe, "--single"], cwd=ROOT, env=_env(),
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)]
+    # each in its own process group, so that a stuck run is ended with the ranks torchrun started
+    start = partial(subprocess.Popen, cwd=ROOT, env=_env(), stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    runs = [start([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                   "--nproc-per-node", "2", *probe]),
+            start([sys.executable, *probe, "--single"])]
     try:
         logs = [run.communicate(timeout=TIMEOUT_S)[0] for run in runs]
     except subprocess.TimeoutExpired:
         for run in runs:
-            run.kill()
+            if run.poll() is None:
+                os.killpg(run.pid, signal.SIGKILL)
             run.communicate()
         pytest.fail(f"the two-process placement did not finish in {TIMEOUT_S} s")
     for run, log in zip(runs, logs, strict=True):
