@@ -34,9 +34,9 @@ def worker(out: Path, single: bool, repeats: int) -> None:
 
     from harness.engines.step_costs import measure_step_costs
     from harness.golden.bundle import load_bundle
+    from harness.golden.paths import default_bundle_path
     from harness.models.placement import TENSOR_PARALLEL, rank, world_size
-    from harness.paths import default_bundle_path
-    from harness.placement_probe import DRAFT, build
+    from harness.tools.placement_probe import DRAFT, build
 
     bundle = load_bundle(default_bundle_path(), verify_hashes=False)
     t0 = time.perf_counter()

@@ -8,7 +8,7 @@ the routed experts' down projection) sums half its inner dimension on each rank 
 partial sums are then added by the all-reduce, so a dot product is summed in another order.
 That is exactly what the suite's fp32 bound is for: `TOLERANCES['float32'].rtol` (1e-3 per
 token, relative), "loose enough for summation order only, far below the distance between
-adjacent boundaries (> 0.3 relative on the tiny target)" (harness/tolerances.py). A
+adjacent boundaries (> 0.3 relative on the tiny target)" (harness/core/tolerances.py). A
 reassociated fp32 sum of K terms differs by at most ~K u sum|terms| (u = 2^-24; K = 256 here:
 ~1.5e-5 of the terms' magnitude per layer, before propagation), two orders below it, and the
 placement is judged by the same bound any fp32 engine is. The test prints the measured worst
@@ -37,8 +37,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from harness.core.tolerances import tolerance_for
 from harness.golden.features import relative_errors
-from harness.tolerances import tolerance_for
 
 ROOT = Path(__file__).resolve().parents[1]
 # two ranks and the single-process run start a Python with torch and transformers each
@@ -64,7 +64,7 @@ def _env() -> dict[str, str]:
 @pytest.fixture(scope="module")
 def records(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, dict, dict]:
     out = tmp_path_factory.mktemp("placement")
-    probe = ["-m", "harness.placement_probe", "--out", str(out)]
+    probe = ["-m", "harness.tools.placement_probe", "--out", str(out)]
     # each in its own process group, so that a stuck run is ended with the ranks torchrun started
     start = partial(subprocess.Popen, cwd=ROOT, env=_env(), stdout=subprocess.PIPE,
                     stderr=subprocess.STDOUT, text=True, start_new_session=True)
@@ -125,8 +125,8 @@ def _first_flip(a: list[int], b: list[int]) -> int | None:
 def test_placed_tokens_equal_the_single_process_ones(records: tuple[dict, dict, dict], mode: str) -> None:
     rank0, _, single = records
     from harness.golden.bundle import load_bundle
+    from harness.golden.paths import default_bundle_path
     from harness.models.target import load_target
-    from harness.paths import default_bundle_path
 
     target = None
     for prompt, placed, alone in zip(single["prompts"], rank0[mode], single[mode], strict=True):

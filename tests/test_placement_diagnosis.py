@@ -15,12 +15,16 @@ import pytest
 import torch
 from golden_oracle import committed_oracle
 
-from harness.assertions import ConformanceFailure, assert_capture_matches_oracle, crash_failure
 from harness.diagnosis.crash import crash_diagnosis
 from harness.diagnosis.placement import placement_diagnosis
 from harness.engines.base import EngineCrash, EngineOptions
 from harness.engines.reference import ReferenceEngine
 from harness.engines.zoo import CaptureMissingRank, CaptureShard
+from harness.judgement.assertions import (
+    ConformanceFailure,
+    assert_capture_matches_oracle,
+    crash_failure,
+)
 
 HIDDEN = 128  # the committed bundle's target
 
@@ -39,7 +43,7 @@ def _prompts() -> list[list[int]]:
 
 def _crash_kind(cls: type[ReferenceEngine], draft: str) -> tuple[str, str]:
     """The capture check's failure on this engine and draft, as the plugin builds it from the
-    engine's crash (harness.plugin._crash_failure)."""
+    engine's crash (harness.run.plugin._crash_failure)."""
     engine = _engine(cls, draft)
     spec = committed_oracle().bundle.draft(draft)
     with pytest.raises(EngineCrash) as crash:

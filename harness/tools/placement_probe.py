@@ -10,8 +10,8 @@ stream is whole on every rank" is observed, not assumed), the fp32 logits, the r
 engine's captured features and fc output for one draft, and its greedy and speculative
 tokens.
 
-    torchrun --nproc-per-node 2 -m harness.placement_probe --out /tmp/probe
-    python -m harness.placement_probe --out /tmp/probe --single
+    torchrun --nproc-per-node 2 -m harness.tools.placement_probe --out /tmp/probe
+    python -m harness.tools.placement_probe --out /tmp/probe --single
 """
 
 from __future__ import annotations
@@ -28,9 +28,9 @@ from harness.engines.reference import ReferenceEngine
 from harness.golden.bundle import Bundle, load_bundle
 from harness.golden.features import target_features
 from harness.golden.oracle import Oracle
+from harness.golden.paths import default_bundle_path
 from harness.models.placement import TENSOR_PARALLEL, gathered, is_sharded, rank, world_size
 from harness.models.target import decoder_layers
-from harness.paths import default_bundle_path
 
 DRAFT = "specforge-default"
 NEW_TOKENS = 12
