@@ -505,6 +505,12 @@ def _d2t_targets(d2t: torch.Tensor, reading: str) -> torch.Tensor:
     return d + torch.arange(d.numel()) if reading == OFFSETS else d
 
 
+def _cause(kind: str, detail: str) -> str:
+    """harness.diagnosis.draft_side's wording of `kind` without its fix, which is addressed to
+    an engine; convert-check's findings carry a fix for the converter instead."""
+    return fc_diagnosis(kind, detail).message.split(" Fix ")[0]
+
+
 def compare_tensor(name: str, s: torch.Tensor, c: torch.Tensor) -> TensorCheck:
     sd, cd = str(s.dtype).removeprefix("torch."), str(c.dtype).removeprefix("torch.")
     if tuple(c.shape) != tuple(s.shape):
@@ -580,8 +586,8 @@ def check_weights(source: DraftOnDisk, converted: DraftOnDisk) -> tuple[list[Ten
         if check.status != "changed":
             continue
         if name == "fc.weight":
-            diag = fc_diagnosis("fc_wrong", f"fc.weight in the converted draft: {check.detail}")
-            findings.append(Finding("fc_wrong", diag.message,
+            findings.append(Finding("fc_wrong", _cause("fc_wrong", f"fc.weight in the converted "
+                                                           f"draft: {check.detail}"),
                                     "For the converter: copy fc.weight as stored ([hidden, "
                                     "slots * target_hidden], no transpose or cast beyond rounding).",
                                     name))
@@ -591,12 +597,12 @@ def check_weights(source: DraftOnDisk, converted: DraftOnDisk) -> tuple[list[Ten
     fc = converted.tensors.get("fc.weight")
     if fc is not None and converted.ids is not None and fc.dim() == 2:
         target_hidden = _target_hidden(source)
-        if target_hidden and fc.shape[1] != len(converted.ids) * target_hidden:
+        fc_found = any(f.where == "fc.weight" for f in findings)
+        if target_hidden and not fc_found and fc.shape[1] != len(converted.ids) * target_hidden:
             findings.append(Finding(
-                "fc_wrong", fc_diagnosis("fc_wrong", f"fc takes {fc.shape[1]} inputs, "
-                                         f"{fc.shape[1] // target_hidden} slots of {target_hidden}, "
-                                         f"but the converted draft names {len(converted.ids)} ids"
-                                         ).message,
+                "fc_wrong", _cause("fc_wrong", f"fc takes {fc.shape[1]} inputs, "
+                                   f"{fc.shape[1] // target_hidden} slots of {target_hidden}, "
+                                   f"but the converted draft names {len(converted.ids)} ids"),
                 "For the converter: keep one id per slot fc was trained on.", "fc.weight"))
     return checks, findings
 
@@ -626,9 +632,8 @@ def _check_d2t(source: DraftOnDisk, converted: DraftOnDisk) -> tuple[TensorCheck
         wrong = sum(int(x) for x in (got != want))
         detail = (f"stored as {other} where {converted.format} is read as {converted.d2t_reading}: "
                   f"{wrong} of {c.numel()} draft tokens map to the wrong target token")
-        diag = fc_diagnosis("d2t_absolute", f"d2t in the converted draft: {detail}")
         return (TensorCheck("d2t", "changed", sd, cd, detail),
-                Finding("d2t_absolute", diag.message,
+                Finding("d2t_absolute", _cause("d2t_absolute", f"d2t in the converted draft: {detail}"),
                         f"For the converter: write d2t as {converted.d2t_reading} "
                         f"(target id {'= i + d2t[i]' if converted.d2t_reading == OFFSETS else '= d2t[i]'}).",
                         "d2t"))
@@ -708,7 +713,7 @@ class Outcome:
             out.append(f"  FINDING {f.kind}{'' if f.offset is None else f' {f.offset:+d}'} "
                        f"[{f.where}]: {f.message.rstrip('.')}. {f.fix}")
         for t in self.tensors:
-            if t.status not in ("exact",):
+            if t.status not in ("exact", "changed", "missing"):  # those are findings above
                 out.append(f"  tensor {t.name}: {t.status}{': ' + t.detail if t.detail else ''}")
         exact = sum(t.status == "exact" for t in self.tensors)
         out.append(f"  tensors: {exact} of {len(self.tensors)} bit-exact")
