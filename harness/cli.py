@@ -501,7 +501,7 @@ def cmd_convert_check(a: argparse.Namespace, extra: Sequence[str]) -> int:
     from harness.tools.convert_check import ConvertCheckError, convert_check
 
     for arg, given in (("SOURCE", a.source), ("CONVERTED", a.converted)):
-        kind = "file" if Path(given).suffix == ".gguf" else "folder"
+        kind = "file" if Path(given).suffix == ".gguf" or Path(given).is_file() else "folder"
         _problem(input_path_problem(arg, given, kind))
     if a.target is not None:
         _problem(input_path_problem("--target", a.target, "folder"))

@@ -766,3 +766,39 @@ def _verdict(b: Boundaries, tensors: list[TensorCheck], findings: list[Finding])
                        f"{b.target_convention} (exact), and {len(compared)} tensors are unchanged: "
                        f"{margin}" + (f"; not compared: {', '.join(skipped)} ({PERMUTED_WHY})"
                                       if skipped else ""))
+
+
+# -- docs/CONFORMANCE.md's converters table ---------------------------------------------------
+
+TABLE_BEGIN, TABLE_END = "<!-- kept: converters -->", "<!-- /kept -->"
+TABLE_HEAD = ("## Converters (issue #36)\n\n"
+              "Generated from `convert-check --json` outputs by tests/test_convert_check_real.py "
+              "(`EAGLE3_WRITE_CONVERTERS_TABLE=1` rewrites this section; the test fails when a "
+              "fresh run differs). Each row: a real converter (or a converter-zoo entry, "
+              "harness/tools/converter_zoo.py) run on a bundle draft of `golden/tiny-dsv3` "
+              "(DeepSeek-V3 target, N = 8), then `convert-check` on the draft before and after.\n\n"
+              "| converter | version | conversion | verdict | evidence |\n|---|---|---|---|---|\n")
+
+
+def table_row(converter: str, version: str, conversion: str, outcome: dict[str, Any]) -> str:
+    """One row of the converters table from a `--json` outcome: the verdict and its evidence
+    (the boundaries both ways, each finding's kind, the tensors' margin)."""
+    b = outcome["boundaries"]
+    ids = (f"ids {outcome['source']['ids']} ({b['source_convention']}) = {b['training']}; "
+           f"converted {b['converted_ids']} ({b['target_convention']}) = {b['served']}"
+           if b["training"] is not None else f"boundaries: {b['cannot_tell']}")
+    kinds = [f["kind"] + ("" if f["offset"] is None else f" {f['offset']:+d}") + f" [{f['where']}]"
+             for f in outcome["findings"]]
+    tensors = outcome["tensors"]
+    exact = sum(t["status"] == "exact" for t in tensors)
+    rounded = [t for t in tensors if t["status"] == "within rounding"]
+    weights = f"{exact}/{len(tensors)} tensors bit-exact" + (
+        f", {len(rounded)} within {rounded[0]['converted_dtype']} rounding (worst "
+        f"{max(t['ratio'] for t in rounded):.3g} of the bound)" if rounded else "")
+    evidence = "; ".join([ids, *(["findings: " + ", ".join(dict.fromkeys(kinds))] if kinds else []),
+                          weights] + ([f"note: {b['note']}"] if b.get("note") else []))
+    return f"| {converter} | {version} | {conversion} | {outcome['verdict']} | {evidence.replace('|', '/')} |\n"
+
+
+def converters_section(rows: Sequence[str]) -> str:
+    return f"{TABLE_BEGIN}\n{TABLE_HEAD}{''.join(rows)}{TABLE_END}"
