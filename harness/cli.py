@@ -495,6 +495,35 @@ def cmd_doctor(a: argparse.Namespace, extra: Sequence[str]) -> int:
         raise CliError(str(e)) from None
 
 
+def cmd_convert_check(a: argparse.Namespace, extra: Sequence[str]) -> int:
+    """A draft before and after conversion (harness.tools.convert_check): exit 0 certified, 1
+    findings, 4 cannot tell."""
+    from harness.tools.convert_check import ConvertCheckError, convert_check
+
+    for arg, given in (("SOURCE", a.source), ("CONVERTED", a.converted)):
+        kind = "file" if Path(given).suffix == ".gguf" or Path(given).is_file() else "folder"
+        _problem(input_path_problem(arg, given, kind))
+    if a.target is not None:
+        _problem(input_path_problem("--target", a.target, "folder"))
+    if a.json is not None:
+        _problem(output_file_problem("--json", a.json))
+    try:
+        outcome = convert_check(Path(a.source), Path(a.converted), from_convention=a.from_convention,
+                                to_engine=a.to_engine, to_convention=a.to_convention,
+                                target=Path(a.target) if a.target else None)
+    except ConvertCheckError as e:
+        raise CliError(str(e)) from None
+    for line in outcome.lines():
+        print(line)
+    if a.json is not None:
+        try:
+            write_atomic(Path(a.json), json.dumps(outcome.to_json(), indent=2) + "\n")
+        except OSError as e:
+            raise CliError(f"--json {a.json} cannot be written ({e.strerror or e}); pass a "
+                           f"writable path") from None
+    return outcome.exit_code
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog=PROG, description="Certify that an inference engine serves an EAGLE-3 "
                                        "draft the way it was trained.")
@@ -595,6 +624,36 @@ def build_parser() -> argparse.ArgumentParser:
     doc.add_argument(opt.flag, dest=opt.dest, **opt.argparse_kwargs())
     doc.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     doc.set_defaults(func=cmd_doctor)
+
+    from harness.tools.convert_check import ENGINES
+
+    cc = sub.add_parser(
+        "convert-check", help="certify a draft conversion: same training boundaries, same weights",
+        description="Compares an EAGLE-3 draft before conversion (SOURCE) with the converted draft "
+                    "(CONVERTED: a folder in SpecForge or speculators format, or a .gguf): whether "
+                    "the converted ids mean the same training boundaries under the target engine's "
+                    "rule as the source ids under the trainer's, and whether fc, the norms, "
+                    "d2t/t2d, embeddings and lm_head are unchanged (bit for bit, or within the "
+                    "rounding of a narrower dtype the converter chose).",
+        epilog="exit codes: 0 certified, 1 not certified (findings), 2 bad input, 4 cannot tell")
+    cc.add_argument("source", metavar="SOURCE", help="the draft before conversion (folder or .gguf)")
+    cc.add_argument("converted", metavar="CONVERTED", help="the converted draft (folder or .gguf)")
+    cc.add_argument("--from-convention", metavar="NAME",
+                    help="the trainer's layer-id rule for SOURCE (a key of "
+                         "harness.core.boundaries.CONVENTIONS, e.g. specforge, embedding-minus-one); "
+                         "default: a bundle manifest's record, else the rule of the engine SOURCE's "
+                         "format is for (speculators: vllm, gguf: llamacpp)")
+    to = cc.add_mutually_exclusive_group()
+    to.add_argument("--to-engine", metavar="NAME",
+                    help=f"the engine CONVERTED is for ({', '.join(ENGINES)}); its rule is chosen "
+                         f"by the target's architecture. Default: the engine CONVERTED's format is for")
+    to.add_argument("--to-convention", metavar="NAME", help="the target engine's layer-id rule, named "
+                                                             "directly (e.g. sglang-deepseek)")
+    cc.add_argument("--target", metavar="TARGET_DIR",
+                    help="the target model's folder (its layer count and architecture); default: "
+                         "the verifier a speculators config names, where it exists here")
+    cc.add_argument("--json", metavar="OUT", help="also write the outcome as JSON here")
+    cc.set_defaults(func=cmd_convert_check)
 
     table = sub.add_parser("conformance-table", help="render docs/CONFORMANCE.md from reports")
     table.add_argument("reports", nargs="+", metavar="REPORT.json")

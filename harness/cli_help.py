@@ -48,6 +48,11 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
         f"{PROG} doctor --target ckpt/target --draft ckpt/eagle3 --engine vllm --report-dir out/",
         f"{PROG} doctor --target T --draft D --convention specforge --prompts sample.json",
     ),
+    "convert-check": (
+        f"{PROG} convert-check golden/tiny-dsv3/draft-specforge-default converted/ --target golden/tiny-dsv3/target",
+        f"{PROG} convert-check ckpt/specforge-draft draft.gguf --from-convention specforge --target ckpt/target",
+        f"{PROG} convert-check ckpt/eagle3 out/ --from-convention embedding-minus-one --to-engine vllm --json cc.json",
+    ),
     "conformance-table": (
         f"{PROG} conformance-table reports/*/report.json --out docs/CONFORMANCE.md",),
     "verify-certificate": (

@@ -444,6 +444,21 @@ def _message(kind: str, offset: int | None, at: int | None, slots: list[SlotMatc
     return msg
 
 
+def name_boundaries(found: Sequence[int], train: Sequence[int], n: int) -> tuple[str, int | None, str]:
+    """The capture kind, signed offset and message for slots whose boundaries are known exactly,
+    without tensors: what a converted draft's ids mean to the engine it is for, against what the
+    source's ids meant to its trainer (harness.tools.convert_check). The same classification and
+    wording as a measured capture, so a conversion's finding reads as `run`'s would."""
+    train = [int(b) for b in train]
+    slots = [SlotMatch(slot=i, expected=train[i] if i < len(train) else None, found=int(b),
+                       match_fraction=1.0, zero_fraction=0.0, rel_error=float("nan"),
+                       cosine=float("nan"),
+                       expected_fraction=float(i < len(train) and int(b) == train[i]))
+             for i, b in enumerate(found)]
+    kind, offset, at = _classify(slots, train, n)
+    return kind, offset, _message(kind, offset, at, slots, train, n, [], None)
+
+
 def embedding_only(diag: Diagnosis) -> bool:
     """A capture whose every trained slot is the embedding, found shifted or missing: from its
     slots alone "every slot one boundary later" and "the embedding dropped" fit equally (a
