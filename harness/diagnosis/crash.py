@@ -22,6 +22,35 @@ _VIEW = re.compile(r"shape '\[-1, (\d+)\]' is invalid for input of size (\d+)")
 # vLLM 0.32 picks for a bf16 fc on a CPU with AMX tiles: an Intel Xeon CI machine, 2026-12-03):
 # fed width, then fc's input width
 _KERNEL = re.compile(r"CHECK_EQ\(mat1\.size\(ndim - 1\), K\) failed\. (\d+) vs (\d+)")
+# llama.cpp (11434.0.0) refusing a wiring it has no way to serve, in its own words: the target
+# graph records no layer input (llama-graph.cpp set_outputs asserts `t_layer_inp[il]`; every
+# deepseek2 target, the committed bundle's included), or the draft's aux count is not the 3
+# its EAGLE-3 path takes (common/speculative.cpp)
+_NO_LAYER_INPUT = re.compile(r"layer input tensor is null|layer input tensor not found")
+_NOT_THREE = re.compile(r"draft model is not eagle3 \(expected 3 extract layers, got (\d+)\)")
+
+
+def _cannot_express(message: str, first: str, training_boundaries: Sequence[int] | None) -> Diagnosis | None:
+    """`engine_cannot_express`: the engine refused the draft's wiring by a rule of its own,
+    so no id list and no engine setting serves it as trained there; None for other errors."""
+    if _NO_LAYER_INPUT.search(message):
+        why = ("the engine extracts aux states only from target architectures whose graph "
+               "records each layer's input, and this target's does not (llama.cpp: "
+               "t_layer_inp is set by the llama, qwen3, qwen3moe, openai-moe, minimax-m2, "
+               "deepseek4 ... graphs, not deepseek2's), so it aborts before any state reaches "
+               "the draft")
+        fix = ("no layer ids fix it: serve this draft with another engine, or the engine must "
+               "record layer inputs in this architecture's graph")
+    elif m := _NOT_THREE.search(message):
+        why = (f"the engine's EAGLE-3 path takes exactly 3 aux layers and this draft has "
+               f"{m.group(1)}")
+        fix = "no layer ids fix it: retrain the draft with 3 aux layers, or serve it elsewhere"
+    else:
+        return None
+    return Diagnosis(kind="engine_cannot_express", message=(
+        f"the engine cannot express this draft's wiring: {why} ({first}); {fix}."),
+        engine_boundaries=[], training_boundaries=list(training_boundaries or []),
+        suggested_layer_ids=None)
 
 
 def _embedding_ids(engine_convention: str | Convention | None, training_boundaries: Sequence[int] | None,
@@ -52,6 +81,9 @@ def crash_diagnosis(message: str, config_ids: Sequence[int], target_hidden: int,
     rule that can capture the embedding (`engine_convention`, with the draft's training
     boundaries), the ids that feed it under that rule are the fix; else no id list is."""
     first = message.strip().splitlines()[0] if message.strip() else "engine failure"
+    refused = _cannot_express(message, first, training_boundaries)
+    if refused is not None:
+        return refused
     fed: int | None = None
     want: int | None = None
     # (fed width, fc's input width), from whichever wording of the fc width error this is
