@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import sys
 from collections.abc import Sequence
 from ctypes import (
     POINTER,
@@ -127,7 +128,12 @@ _SIGNATURES: dict[str, tuple[object, list[object]]] = {
     "llama_get_memory": (c_void_p, [c_void_p]),
     "llama_memory_clear": (None, [c_void_p, c_bool]),
     "llama_synchronize": (None, [c_void_p]),
+    "llama_log_set": (None, [c_void_p, c_void_p]),
 }
+
+# ggml.h `ggml_log_callback` and GGML_LOG_LEVEL_ERROR
+_LOG_CALLBACK = ctypes.CFUNCTYPE(None, c_int, c_char_p, c_void_p)
+_LOG_ERROR = 4
 
 
 # The extraction calls are declared in src/llama-ext.h, llama.cpp's "staging header for new
@@ -164,7 +170,18 @@ class LlamaLib:
                                  f"version this binding was written for (11434.0.0)") from None
             fn.restype, fn.argtypes = restype, argtypes
             setattr(self._lib, name, fn)
+        # llama.cpp says why it refused a file only in its log: keep its error lines for the
+        # LlamaError, and pass every line on to stderr (the worker's log) as before
+        self.errors: list[str] = []
+        self._log = _LOG_CALLBACK(self._on_log)
+        self._lib.llama_log_set(ctypes.cast(self._log, c_void_p), None)
         self._lib.llama_backend_init()
+
+    def _on_log(self, level: int, text: bytes | None, _user: int | None) -> None:
+        line = (text or b"").decode(errors="replace")
+        if level == _LOG_ERROR and line.strip():
+            self.errors = [*self.errors[-4:], line.strip()]
+        sys.stderr.write(line)
 
     def load_model(self, path: Path, int_overrides: dict[str, int] | None = None) -> int:
         """A model on the CPU (no layer offloaded), with llama.cpp's own metadata overrides
@@ -179,7 +196,8 @@ class LlamaLib:
             params.kv_overrides = ctypes.cast(table, c_void_p)
         model = self._lib.llama_model_load_from_file(str(path).encode(), params)
         if not model:
-            raise LlamaError(f"llama.cpp could not load {Path(path).name} (its log says why)")
+            why = "; ".join(self.errors) or "its log says why"
+            raise LlamaError(f"llama.cpp could not load {Path(path).name}: {why}")
         return model
 
     def target_layer_ids(self, draft_model: int) -> list[int]:
