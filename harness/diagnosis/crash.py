@@ -53,11 +53,9 @@ def _cannot_express(message: str, first: str, training_boundaries: Sequence[int]
     slots = int(m.group(1)) if m else (_slots_at_load(message, config_ids, target_hidden)
                                        if target_hidden else None)
     if _NO_LAYER_INPUT.search(message):
-        why = ("the engine extracts aux states only from target architectures whose graph "
-               "records each layer's input, and this target's does not (llama.cpp: "
-               "t_layer_inp is set by the llama, qwen3, qwen3moe, openai-moe, minimax-m2, "
-               "deepseek4 ... graphs, not deepseek2's), so it aborts before any state reaches "
-               "the draft")
+        why = ("this target's graph records no layer input to extract (llama.cpp sets "
+               "t_layer_inp in the llama, qwen3, qwen3moe, openai-moe, minimax-m2, deepseek4 ... "
+               "graphs, not deepseek2's) and the engine aborts before any state reaches the draft")
         fix = ("no layer ids fix it: serve this draft with another engine, or the engine must "
                "record layer inputs in this architecture's graph")
     elif slots is not None:
@@ -66,7 +64,7 @@ def _cannot_express(message: str, first: str, training_boundaries: Sequence[int]
     else:
         return None
     return Diagnosis(kind="engine_cannot_express", message=(
-        f"the engine cannot express this draft's wiring: {why} ({first}); {fix}."),
+        f"the engine cannot express this draft's wiring: {why}; {fix}. Engine error: {first}"),
         engine_boundaries=[], training_boundaries=list(training_boundaries or []),
         suggested_layer_ids=None)
 
