@@ -41,6 +41,7 @@ from harness.engines._worker_engine import WorkerEngine
 from harness.engines.base import (
     Acceptance,
     Capability,
+    EngineCrash,
     EngineOptions,
     EngineUnavailable,
     Generation,
@@ -153,6 +154,18 @@ class LlamacppEngine(WorkerEngine):
         return Generation(tokens=result["tokens"], acceptance=total, per_prompt_acceptance=per)
 
     # -- workers ----------------------------------------------------------------------------
+
+    def _call(self, handle: WorkerHandle, op: str, *args: Any) -> Any:
+        """As WorkerEngine's, with llama.cpp's assertions quoted relative to its sources: they
+        carry the build machine's absolute path (__FILE__), which would make report.json and
+        docs/CONFORMANCE.md differ from machine to machine for the same finding."""
+        try:
+            return super()._call(handle, op, *args)
+        except EngineCrash as crash:
+            text = str(crash)
+            for prefix in {str(source_dir()), str(source_dir().resolve())}:
+                text = text.replace(prefix.rstrip("/") + "/", "")
+            raise EngineCrash(text) from None
 
     def _convert(self, folder: Path, target_dir: Path | None = None) -> Path:
         from harness.engines._llamacpp_convert import convert
