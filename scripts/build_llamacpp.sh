@@ -6,7 +6,7 @@
 # .llamacpp/<version>/build, a folder git ignores, keyed by version: a second call finds
 # both outputs and does nothing. GGML_NATIVE=OFF so a cached build runs on any x86-64
 # (CI runners differ from the machine that built it). Measured on 2 shared cores with -j2:
-# ~15 s fetch, ~12 min build (see docs/ADAPTERS.md). Usage: scripts/build_llamacpp.sh [version]
+# ~15 s fetch, 555 s build (issue #37, measured 2026-12-05). Usage: scripts/build_llamacpp.sh [version]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 version="${1:-11434.0.0}"

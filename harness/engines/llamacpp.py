@@ -70,7 +70,7 @@ def missing_build() -> str | None:
     for need in (build / "bin" / "libllama.so", build / "bin" / "llama-server"):
         if not need.is_file():
             return (f"llama.cpp {LLAMACPP_VERSION} is not built ({need} is missing): run "
-                    f"scripts/build_llamacpp.sh (~12 min on 2 cores), or set "
+                    f"scripts/build_llamacpp.sh (~10 min on 2 cores), or set "
                     f"EAGLE3_LLAMACPP_BUILD to a build of it")
     if not (src / "convert_hf_to_gguf.py").is_file():
         return (f"llama.cpp {LLAMACPP_VERSION}'s sources are not at {src} (its converter is "
