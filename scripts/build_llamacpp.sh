@@ -27,7 +27,7 @@ cmake -S "$src" -B "$build" \
     -DGGML_NATIVE=OFF \
     -DLLAMA_BUILD_TESTS=OFF \
     -DLLAMA_BUILD_EXAMPLES=OFF \
-    >"$build.cmake.log" 2>&1 || { mkdir -p "$build"; cat "$build.cmake.log" >&2; exit 1; }
+    >"$build.cmake.log" 2>&1 || { cat "$build.cmake.log" >&2; exit 1; }
 cmake --build "$build" --target llama llama-server -j "$jobs"
 test -f "$lib" || lib_found=$(find "$build" -name 'libllama.so' | head -1)
 if [ ! -f "$lib" ]; then

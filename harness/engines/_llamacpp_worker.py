@@ -41,6 +41,7 @@ REQUEST_S = 600.0
 _COUNTERS = {"llamacpp:spec_decode_num_drafts_total": "num_drafts",
              "llamacpp:spec_decode_num_draft_tokens_total": "num_draft_tokens",
              "llamacpp:spec_decode_num_accepted_tokens_total": "num_accepted_tokens"}
+_PREDICTED = "tokens_predicted"
 
 
 def _die_with_parent() -> None:
@@ -118,14 +119,14 @@ class _Server:
         return result
 
     def _delta(self, before: dict[str, int]) -> dict[str, int]:
-        """The counters' change since `before`; the server updates them when the slot is
-        released, which may trail the reply by a moment."""
+        """The counters' change since `before`. The server adds a request's counts when it
+        releases the slot (metrics_on_prediction, with its predicted tokens), which may trail
+        the reply by a moment: wait until the predicted-token count has moved."""
         deadline = time.monotonic() + 10.0
         while True:
             after = self._counters()
-            delta = {k: after.get(k, 0) - before.get(k, 0) for k in _COUNTERS.values()}
-            if delta["num_drafts"] > 0 or time.monotonic() > deadline:
-                return delta
+            if after.get(_PREDICTED, 0) > before.get(_PREDICTED, 0) or time.monotonic() > deadline:
+                return {k: after.get(k, 0) - before.get(k, 0) for k in _COUNTERS.values()}
             time.sleep(0.05)
 
     def _counters(self) -> dict[str, int]:
@@ -135,6 +136,8 @@ class _Server:
             name, _, value = line.partition(" ")
             if name in _COUNTERS:
                 out[_COUNTERS[name]] = int(float(value))
+            elif name == "llamacpp:tokens_predicted_total":
+                out[_PREDICTED] = int(float(value))
         return out
 
     def _start_server(self) -> None:
