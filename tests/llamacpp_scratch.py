@@ -92,8 +92,7 @@ def mark_embeddings(target: Path) -> None:
 
 def constant_drafter(draft: Path, token: int) -> None:
     """Make a `build_draft` draft (ids starting with 0, on a `mark_embeddings` target) propose
-    `token` at every step, whatever llama.cpp's draft sampler (top-k 10, then a random draw)
-    does: fc puts 10 x the embedding's MARK channel into the draft state's channel MARK,
+    `token` at every step, by a margin no sampler choice can undo: fc puts 10 x the embedding's MARK channel into the draft state's channel MARK,
     attention and MLP write nothing there, so it stays 10 through the draft's recurrence; the
     final norm keeps that channel alone, and lm_head scores draft id 0 alone from it (logit
     ~400, the others 0); d2t sends draft id 0 to `token` (and `token` to 0, since llama.cpp's
