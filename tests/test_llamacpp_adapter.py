@@ -61,6 +61,7 @@ def test_only_a_query_lora_less_deepseek_gets_the_override() -> None:
     assert kv_overrides({"model_type": "qwen3_moe"}) == {}
 
 
+@pytest.mark.slow(reason="runs llama.cpp's converter once (~15 s)")
 def test_conversion_is_cached_by_content(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The same bytes are converted once: a second call must not run the converter (a
     Hypothesis draft in a fresh folder with the same bytes reuses it too)."""
