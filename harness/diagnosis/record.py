@@ -12,7 +12,8 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-CRASH_KINDS = ("engine_crash", "hang")
+# engine_cannot_express: the engine refused the wiring by a rule of its own (harness.diagnosis.crash)
+CRASH_KINDS = ("engine_crash", "engine_cannot_express", "hang")
 VALUE_KINDS = ("non_finite",)  # harness.judgement.finite
 CAPTURE_KINDS = ("ok", "offset", "embedding_missing", "order_permuted", "final_boundary_normed",
                  "final_boundary_missing", "residual_missing", "stale_or_skipped", "ids_ignored",

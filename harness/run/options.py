@@ -50,7 +50,7 @@ class RunOption:
 
 
 RUN_OPTIONS: tuple[RunOption, ...] = (
-    RunOption("--engine", "engine adapter: reference, vllm, sglang, zoo:<mutant> or "
+    RunOption("--engine", "engine adapter: reference, vllm, sglang, llamacpp, zoo:<mutant> or "
                           "package.module:Class (default: reference)",
               default="reference", metavar="NAME"),
     RunOption("--bundle", "golden bundle folder (default: the committed golden/tiny-dsv3)",

@@ -20,6 +20,7 @@ BUILTIN: dict[str, str] = {
     "reference": "harness.engines.reference:ReferenceEngine",
     "vllm": "harness.engines.vllm:VllmEngine",
     "sglang": "harness.engines.sglang:SglangEngine",
+    "llamacpp": "harness.engines.llamacpp:LlamacppEngine",
 }
 ZOO_PREFIX = "zoo:"
 ZOO_MODULE = "harness.engines.zoo"
