@@ -205,15 +205,22 @@ def cmd_run(a: argparse.Namespace, extra: Sequence[str]) -> int:
 SELFTEST_JSON = "selftest.json"
 
 
-def _clear_selftest(root: Path) -> None:
+def _clear_selftest(root: Path, keep_runs: bool = False) -> None:
     """A previous self-test's verdicts under `root` (selftest.json, the control's and every
-    mutant's reports) go first: a refused or interrupted self-test leaves none standing."""
+    mutant's reports and run records) go first: a refused or interrupted self-test leaves none
+    standing. `keep_runs` (--resume) keeps the runs: each is reused only where its record
+    matches, and cleared before it runs again otherwise."""
+    from harness.tools.selftest import RUN_RECORD
+
     if not root.is_dir():
         return
     (root / SELFTEST_JSON).unlink(missing_ok=True)
+    if keep_runs:
+        return
     for sub in [root / "control", *sorted((root / "mutants").glob("*"))]:
         if sub.is_dir():
             clear_reports(sub)
+            (sub / RUN_RECORD).unlink(missing_ok=True)
 
 
 def _selftest_preflight(bundle: Path, flags: Sequence[str], profile: str,
@@ -250,11 +257,21 @@ def _run_error_line(report_dir: Path) -> str:
 
 
 def cmd_selftest(a: argparse.Namespace, extra: Sequence[str]) -> int:
+    import harness
     from harness.run.registry import _mutant_class, zoo_mutants
-    from harness.tools.selftest import run_suite, score_mutant
+    from harness.tools.selftest import (
+        RUN_RECORD,
+        TIMED_OUT,
+        reusable_exit_code,
+        run_key,
+        run_suite,
+        score_mutant,
+        source_digest,
+        write_run_record,
+    )
 
     root = _report_dir(a.report_dir)  # first: a refused self-test leaves no verdict
-    _clear_selftest(root)
+    _clear_selftest(root, keep_runs=a.resume)
     if a.jobs < 1:
         raise CliError(f"--jobs {a.jobs} is not a process count; pass 1 or more")
     if not 0 <= a.run_timeout < float("inf"):
@@ -286,12 +303,28 @@ def cmd_selftest(a: argparse.Namespace, extra: Sequence[str]) -> int:
     runs = ([] if a.no_control else [("reference", root / "control")]) + [
         (f"zoo:{name}", root / "mutants" / _safe(name)) for name in names]
     done: list[str] = []
+    digest = source_digest(Path(harness.__file__).parent, _suites())
+    keys = {engine: run_key(engine, bundle, a.profile, extra, flags, digest) for engine, _ in runs}
+    reused = {engine: code for engine, out in runs if a.resume
+              and (code := reusable_exit_code(out, keys[engine])) is not None}
+    for engine, out in runs:  # what runs again leaves no earlier verdict while it runs
+        if engine not in reused and out.is_dir():
+            clear_reports(out)
+            (out / RUN_RECORD).unlink(missing_ok=True)
+    if a.resume:
+        print(f"--resume: {len(reused)} of {len(runs)} run(s) finished earlier with these sources "
+              f"and flags are scored from their reports; {len(runs) - len(reused)} run now",
+              file=sys.stderr, flush=True)
 
     def one(run: tuple[str, Path]) -> int:
+        if run[0] in reused:
+            return reused[run[0]]
         code = run_suite(run[0], bundle, run[1], a.profile, extra, flags, a.run_timeout or None)
+        if code != TIMED_OUT:
+            write_run_record(run[1], keys[run[0]], code)
         done.append(run[0])  # progress while a long selftest runs: its report.json is there now
-        print(f"[{len(done)}/{len(runs)}] {run[0]} finished (exit {code}); {run[1] / 'report.json'}",
-              file=sys.stderr, flush=True)
+        print(f"[{len(done)}/{len(runs) - len(reused)}] {run[0]} finished (exit {code}); "
+              f"{run[1] / 'report.json'}", file=sys.stderr, flush=True)
         return code
 
     # each run is its own interpreter with one torch thread (suites/conftest.py), so `jobs`
@@ -336,6 +369,8 @@ def cmd_selftest(a: argparse.Namespace, extra: Sequence[str]) -> int:
     summary = {"format_version": 1, "bundle": str(bundle.resolve()), "profile": a.profile,
                "dtype": a.dtype, "device": a.device, "control": control, "mutants": results, "total": total,
                "not_applicable": skipped, "not_run": not_run,
+               # runs scored from an earlier sitting's report (--resume), with the same sources
+               "reused": sorted(reused), "sources_sha256": digest,
                "caught": sum(r["caught"] for r in results),
                "mutation_score": mutation_score, "diagnosis_score": diagnosis_score, "passed": ok}
     write_atomic(root / SELFTEST_JSON, json.dumps(summary, indent=2) + "\n")
@@ -553,6 +588,11 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--jobs", type=int, default=1, metavar="N",
                     help="suite runs side by side (one core each; default 1). Timing checks "
                          "(the throughput gate) need a core per run: keep N <= cores")
+    st.add_argument("--resume", action="store_true",
+                    help="score runs that finished earlier in --report-dir with the same sources, "
+                         "bundle, profile and flags from their reports (their selftest_run.json "
+                         "says so) and run only the rest: a long self-test continued or split "
+                         "over sittings")
     st.add_argument("--run-timeout", type=float, default=RUN_LIMIT_S, metavar="S",
                     help=f"stop a suite run after S seconds and count it as not run (default "
                          f"{RUN_LIMIT_S:g}; 0: no limit). Engine calls have their own deadlines")

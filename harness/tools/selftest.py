@@ -6,6 +6,8 @@ the score of a mutant's report (caught, and named exactly). `eagle3-conformance 
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import signal
 import subprocess
@@ -118,3 +120,61 @@ def score_mutant(name: str, entry: Any, code: int, report: dict[str, Any] | None
         if diags else 0.0,
         diagnosis=(match or (diags[0] if diags else {})).get("message"))
     return result
+
+
+# A finished run's record, beside its report: what the run was (its key) and how it ended. With
+# `selftest --resume` a run whose record holds the same key is scored from its report instead of
+# run again, so a self-test longer than one sitting (the bf16 self-test on a 2-core CPU: ~2 h)
+# can be interrupted and continued, or split over sittings, without a stale verdict: the key
+# holds a digest of the suite's and the harness' own sources, so any change to them reruns.
+RUN_RECORD = "selftest_run.json"
+_DIGESTED = ("*.py", "*.txt", "*.json")
+
+
+def source_digest(*roots: Path) -> str:
+    """sha256 over the suite's and the harness' sources (path and bytes of every file the runs
+    import or read: .py, xfail lists, schemas), in a fixed order."""
+    h = hashlib.sha256()
+    for root in roots:
+        files = sorted({f for pattern in _DIGESTED for f in root.rglob(pattern)
+                        if "__pycache__" not in f.parts})
+        for f in files:
+            h.update(str(f.relative_to(root.parent)).encode())
+            h.update(b"\0")
+            h.update(f.read_bytes())
+            h.update(b"\0")
+    return h.hexdigest()
+
+
+def run_key(engine: str, bundle: Path, profile: str, extra: Sequence[str],
+            run_flags: Sequence[str], digest: str) -> dict[str, Any]:
+    """What decides a run's verdict, as the record stores it: the engine, the bundle's manifest
+    digest, the profile, every forwarded flag, the sources' digest and the interpreter's torch."""
+    import torch
+
+    manifest = bundle / "manifest.json"
+    return {"format_version": 1, "engine": engine,
+            "bundle_manifest_sha256": hashlib.sha256(manifest.read_bytes()).hexdigest()
+            if manifest.is_file() else None,
+            "profile": profile, "run_flags": list(run_flags), "pytest_args": list(extra),
+            "sources_sha256": digest, "python": sys.version.split()[0], "torch": torch.__version__}
+
+
+def write_run_record(out: Path, key: dict[str, Any], code: int) -> None:
+    """The record of a run that ended (exit code included), written after its report."""
+    (out / RUN_RECORD).write_text(json.dumps({"key": key, "exit_code": code}, indent=2) + "\n",
+                                  encoding="utf-8")
+
+
+def reusable_exit_code(out: Path, key: dict[str, Any]) -> int | None:
+    """The exit code of an earlier run in `out` with the same key that reached a verdict (exit
+    0 or 1, its report.json there), else None: it must run again. A record that does not parse
+    is no record."""
+    try:
+        record = json.loads((out / RUN_RECORD).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(record, dict) or record.get("key") != key:
+        return None
+    code = record.get("exit_code")
+    return code if code in (0, 1) and (out / "report.json").is_file() else None
