@@ -33,6 +33,7 @@ from harness.golden.features import TargetFeatures
 from harness.golden.oracle import Oracle
 from harness.golden.paths import default_bundle_path
 from harness.judgement.assertions import ConformanceFailure, assert_capture_matches
+from harness.judgement.precision import is_reduced
 
 GRID = [2.0 ** -k for k in range(12, -1, -1)]  # 1/4096 .. 1
 
@@ -68,7 +69,7 @@ def fails(oracle: Oracle, draft: str, dtype: str, member: str, how: str, amount:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--bundle", type=Path, default=default_bundle_path())
-    ap.add_argument("--dtype", choices=[d for d in DTYPES if d != "float32"], default="bfloat16")
+    ap.add_argument("--dtype", choices=[d for d in DTYPES if is_reduced(d)], default="bfloat16")
     ap.add_argument("--member", default="all-reduced", help="the envelope member used as the engine")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()

@@ -20,6 +20,7 @@ from harness.judgement.acceptance import (
     same_dtype_acceptance,
 )
 from harness.judgement.assertions import fail, require
+from harness.judgement.precision import trace_allowance, traces_exact
 
 
 def _new_tokens(oracle: Oracle) -> int:
@@ -53,10 +54,10 @@ def test_acceptance_matches_golden_trace(engine: Engine, oracle: Oracle, draft_n
         pytest.skip(f"golden traces are for k={spec.num_draft_tokens} draft tokens, the engine runs k={k}")
     if gen.traces is None:
         report.not_run("exact trace check", "the adapter exposes no traces")
-    elif engine.options.dtype != "float32":
+    elif not traces_exact(engine.options.dtype):
         report.not_run("exact trace check", f"the engine runs in {engine.options.dtype}; traces are "
                        "compared round by round only in fp32")
-    if engine.options.dtype == "float32" and gen.traces is not None:
+    if traces_exact(engine.options.dtype) and gen.traces is not None:
         # Greedy chain drafting is deterministic: an fp32 engine must reproduce the golden
         # trace round by round, which a bug that only bites after a rejection cannot fake.
         diffs = [(i, next(r for r in range(max(len(e), len(g))) if e[r:r + 1] != g[r:r + 1]))
@@ -68,13 +69,12 @@ def test_acceptance_matches_golden_trace(engine: Engine, oracle: Oracle, draft_n
                  f"pinned prompts (fp32 must match exactly); first: prompt {i} round {r}: engine "
                  f"{gen.traces[i][:r + 1]} vs golden {golden[i][:r + 1]}. {diag.message}",
                  draft=draft_name, engine_name=engine.name, prompts=[prompts[i]], diagnoses=[diag])
-    tol = tolerance_for(engine.options.dtype)
     gap = abs(measured.mean_acceptance_length - expected.mean_acceptance_length)
-    allowed = tol.trace * expected.mean_acceptance_length
-    if gap > allowed and not tol.strict:
-        # reduced precision: plus what this dtype moves the reference's own trace on this device
-        own = same_dtype_acceptance(oracle, draft_name, engine.options, prompts, _new_tokens(oracle))
-        allowed += tol.noise_factor * abs(own - expected.mean_acceptance_length)
+    # reduced precision: plus what this dtype moves the reference's own trace on this device
+    allowed, own = trace_allowance(expected.mean_acceptance_length, gap, engine.options.dtype,
+                                   lambda: same_dtype_acceptance(oracle, draft_name, engine.options,
+                                                                 prompts, _new_tokens(oracle)))
+    if own is not None:
         report.metric(draft_name, "same_dtype_reference_acceptance_length", round(own, 4))
     if gap > allowed:
         diag = explain_shortfall(engine, oracle, draft_name, gen, golden)

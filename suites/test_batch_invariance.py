@@ -7,13 +7,13 @@ from __future__ import annotations
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from harness.core.tolerances import tolerance_for
 from harness.diagnosis.record import Diagnosis
 from harness.engines.base import Capability, Engine
 from harness.golden.bundle import DraftSpec
 from harness.golden.oracle import Oracle
 from harness.judgement.assertions import batch_leaks, diagnose_batch_leak, divergence, fail, require
 from harness.judgement.finite import assert_finite
+from harness.judgement.precision import leak_evidence
 from harness.run.strategies import BatchShape, batch_shapes
 
 
@@ -37,13 +37,11 @@ def test_capture_batch_invariant(engine: Engine, oracle: Oracle, draft_name: str
     inside = engine.capture(batch).features[shape.position]
     assert_finite("the aux features the engine handed the draft", [alone, inside])
     dtype = engine.options.dtype
-    tol = tolerance_for(dtype)
     bad = total = 0
     worst, bound = 0.0, ""
     if inside.shape == alone.shape:
-        bad, total, worst, bound = batch_leaks(
-            inside, alone, dtype=dtype, golden=None if tol.strict else oracle.features(probe),
-            envelope=None if tol.strict else oracle.envelope(probe, dtype))
+        golden, envelope = leak_evidence(oracle, probe, dtype)
+        bad, total, worst, bound = batch_leaks(inside, alone, dtype=dtype, golden=golden, envelope=envelope)
     if inside.shape != alone.shape or bad:
         # the evidence for the cause: every member of the batch captured alone and in it
         together = engine.capture(batch).features

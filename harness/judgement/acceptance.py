@@ -16,6 +16,7 @@ from harness.diagnosis.draft_side import fc_diagnosis
 from harness.diagnosis.record import Diagnosis
 from harness.engines.base import Acceptance, Capability, Engine, EngineOptions, Generation
 from harness.golden.oracle import Oracle
+from harness.judgement import precision
 from harness.judgement.assertions import (
     ConformanceFailure,
     assert_capture_matches,
@@ -48,8 +49,7 @@ def explain_shortfall(engine: Engine, oracle: Oracle, draft: str, generation: Ge
                       golden: Sequence[Sequence[int]] | None) -> Diagnosis:
     """Name the likeliest cause of acceptance below training, from the cheapest evidence."""
     spec = oracle.spec(draft)
-    tol = tolerance_for(engine.options.dtype)
-    rtol = tol.rtol
+    rtol = tolerance_for(engine.options.dtype).rtol
     prompts = oracle.pinned_prompts
     capture = engine.capture(prompts) if Capability.CAPTURE in engine.capabilities else None
     if capture is not None:
@@ -62,7 +62,7 @@ def explain_shortfall(engine: Engine, oracle: Oracle, draft: str, generation: Ge
                 training_boundaries=spec.boundaries, dtype=dtype, engine_name=engine.name,
                 engine_convention=engine.convention, config_ids=spec.layer_ids, draft=draft,
                 prompts=prompts, check="explain_shortfall",
-                envelopes=None if tol.strict else [oracle.envelope(p, dtype) for p in prompts])
+                envelopes=precision.envelopes(oracle, prompts, dtype))
         except ConformanceFailure as failed:
             if failed.diagnoses:
                 return failed.diagnoses[0]
@@ -73,9 +73,8 @@ def explain_shortfall(engine: Engine, oracle: Oracle, draft: str, generation: Ge
             return vocab_map_diagnosis(engine, oracle, draft, prompts, outside)
     if capture is not None and capture.fc_out is not None:
         expected = [oracle.fc(draft, f) for f in capture.features]
-        allow = None if tol.strict else fc_allowances(
-            expected, [oracle.reference_fc(draft, f, engine.options.dtype)
-                       for f in capture.features], engine.options.dtype)
+        same_dtype = precision.reference_fc(oracle, draft, capture.features, engine.options.dtype)
+        allow = None if same_dtype is None else fc_allowances(expected, same_dtype, engine.options.dtype)
         verdict = judge_fc(capture.fc_out, capture.features, expected, rtol,
                            draft_hidden=draft_model.cfg.hidden_size,
                            norm_before_fc=draft_model.cfg.norm_before_fc, fc_norm=draft_model.cfg.fc_norm,

@@ -578,12 +578,12 @@ class _Doctor:
         """The suite's own judgement of a capture: fp32 strict; reduced precision against the
         precision envelope of the target itself in the engine's dtype (harness/golden/envelope.py;
         a fixed rtol cries wolf there, and a verified fix would read as "fix fails")."""
-        from harness.core.tolerances import tolerance_for
         from harness.golden.envelope import EnvelopeBuilder
         from harness.judgement.assertions import ConformanceFailure, assert_capture_matches
+        from harness.judgement.precision import is_reduced
 
         envelopes = None
-        if not tolerance_for(self.options.dtype).strict:
+        if is_reduced(self.options.dtype):
             if not hasattr(self, "_envelopes"):
                 builder = EnvelopeBuilder(self.i.target, model)
                 self._envelopes = [builder.envelope(p, self.options.dtype) for p in prompts]

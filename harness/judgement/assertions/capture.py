@@ -21,8 +21,10 @@ from harness.diagnosis.placement import placement_diagnosis
 from harness.diagnosis.record import Diagnosis, unexplained
 from harness.golden.envelope import Envelope
 from harness.golden.features import TargetFeatures
+from harness.judgement import precision
 from harness.judgement.assertions.base import fail, worst_tokens
 from harness.judgement.finite import assert_finite
+from harness.judgement.precision import allowance_floor, is_reduced
 
 
 def _strict_off_tokens(features: Sequence[torch.Tensor], golden: Sequence[TargetFeatures],
@@ -91,14 +93,14 @@ def assert_capture_matches(*, features: Sequence[torch.Tensor], golden: Sequence
                      draft=draft, engine_name=engine_name, prompts=prompts, check=check)
     tol = tolerance_for(dtype)
     found = None
-    if not tol.strict:
+    if is_reduced(dtype):
         if envelopes is None:
             raise ValueError(f"judging {dtype} capture needs the {dtype} precision envelope of "
                              f"the same prompts (Oracle.envelope); pass envelopes=")
         if widths == {expected_width}:
             found = classify_capture(features, golden, training_boundaries, envelopes,
                                      noise_factor=tol.noise_factor, separation=tol.separation,
-                                     floor=tolerance_for("float32").rtol)
+                                     floor=allowance_floor())
     # the reduced-precision judgement failed a capture whose labels may all be as trained: the
     # diagnosis still looks for the fitted causes and gathers the evidence below
     judged_off = found is not None and not found.ok
@@ -119,7 +121,7 @@ def assert_capture_matches(*, features: Sequence[torch.Tensor], golden: Sequence
         _wrong_width(widths, expected_width, training_boundaries, hidden, diag,
                      draft=draft, engine_name=engine_name, prompts=prompts, check=check)
     bound = tolerance_text(dtype, golden[0].num_layers)
-    if tol.strict:
+    if not is_reduced(dtype):
         off, total, worst = _strict_off_tokens(features, golden, training_boundaries, tol.rtol)
         if off:
             fail(f"aux features differ from training on {off}/{total} tokens (worst relative "
@@ -173,8 +175,7 @@ def assert_capture_matches_oracle(*, features: Sequence[torch.Tensor], oracle,
     assert_capture_matches' arguments."""
     return assert_capture_matches(
         features=features, golden=[oracle.features(p) for p in prompts], dtype=dtype,
-        prompts=prompts, envelopes=[oracle.envelope(p, dtype) for p in prompts]
-        if not tolerance_for(dtype).strict else None, **judged)
+        prompts=prompts, envelopes=precision.envelopes(oracle, prompts, dtype), **judged)
 
 
 def batch_leaks(inside: torch.Tensor, alone: torch.Tensor, *, dtype: str,
@@ -188,11 +189,11 @@ def batch_leaks(inside: torch.Tensor, alone: torch.Tensor, *, dtype: str,
     alone (its modal nearest boundary: batch invariance asks for the same state, whether or
     not it is the one training used, which is the capture check's question)."""
     tol = tolerance_for(dtype)
-    if tol.strict or golden is None or envelope is None:
+    if not is_reduced(dtype) or golden is None or envelope is None:
         bad, total, worst = worst_tokens([inside], [alone], tol.rtol)
         return bad, total, worst, f"{tol.rtol:g}"
     hidden = golden.boundaries.shape[-1]
-    floor = tolerance_for("float32").rtol
+    floor = allowance_floor()
     leak = torch.zeros(inside.shape[0], dtype=torch.bool)
     worst = 0.0
     for s in range(inside.shape[-1] // hidden):

@@ -19,10 +19,12 @@ from harness.diagnosis.decode import (
 )
 from harness.engines.base import DecodeInputs
 from harness.golden.features import aux_features
+from harness.judgement import precision
 from harness.judgement.assertions.base import fail
 from harness.judgement.assertions.capture import assert_capture_matches, batch_leaks
 from harness.judgement.assertions.generation import divergence
 from harness.judgement.finite import assert_finite
+from harness.judgement.precision import leak_evidence, traces_exact
 from harness.reports.report import ConformanceFailure
 
 
@@ -86,8 +88,7 @@ def assert_decode_inputs_match(*, decode: DecodeInputs, oracle, prompts: Sequenc
             fail(f"the rows re-fed to the draft after verify rounds are not the features of their "
                  f"own positions. {diag.message}", draft=draft, engine_name=engine_name,
                  prompts=prompts, diagnoses=[diag], check=check)
-    envelopes = None if tolerance_for(dtype).strict else [
-        oracle.envelope(s, dtype).prefix(x.shape[0]) for s, x in zip(sequences, rows, strict=True)]
+    envelopes = precision.envelopes(oracle, sequences, dtype, [x.shape[0] for x in rows])
     judged = dict(training_boundaries=training_boundaries, dtype=dtype, engine_name=engine_name,
                   engine_convention=engine_convention, config_ids=config_ids, draft=draft,
                   prompts=prompts, check=check)
@@ -133,11 +134,11 @@ def assert_history_independent(*, prompts: Sequence[Sequence[int]], history: str
         # NaN differs from itself: an unwritten buffer is a non_finite engine, not a history
         assert_finite("the aux features the engine handed the draft", [*features[0], *features[1]])
         for i, (a, b) in enumerate(zip(*features, strict=True)):
-            strict = tolerance_for(dtype).strict
-            bad, total, worst, bound = batch_leaks(
-                b, a, dtype=dtype, golden=None if strict else oracle.features(prompts[i]),
-                envelope=None if strict else oracle.envelope(prompts[i], dtype)) \
-                if a.shape == b.shape else (a.shape[0], a.shape[0], float("inf"), "equal shapes")
+            if a.shape == b.shape:
+                golden, envelope = leak_evidence(oracle, prompts[i], dtype)
+                bad, total, worst, bound = batch_leaks(b, a, dtype=dtype, golden=golden, envelope=envelope)
+            else:
+                bad, total, worst, bound = a.shape[0], a.shape[0], float("inf"), "equal shapes"
             if bad:
                 found.append((i, f"captured features differ on {bad}/{total} tokens (worst relative "
                                  f"error {worst:.3g}, tolerance {bound})"))
@@ -148,7 +149,7 @@ def assert_history_independent(*, prompts: Sequence[Sequence[int]], history: str
                 found.append((i, f"greedy speculative tokens differ: {text}"))
     if traces is not None:
         tol = tolerance_for(dtype)
-        if tol.strict:
+        if traces_exact(dtype):
             found += [(i, f"per-round acceptance {list(b)[:12]} vs {list(a)[:12]} (fp32: exact)")
                       for i, (a, b) in enumerate(zip(*traces, strict=True)) if list(a) != list(b)]
         else:

@@ -15,6 +15,7 @@ from harness.diagnosis.fingerprint import relative_errors
 from harness.diagnosis.identity import noise_allowance
 from harness.diagnosis.record import Diagnosis
 from harness.judgement.assertions.base import fail, worst_tokens
+from harness.judgement.precision import allowance_floor, is_reduced
 
 
 @dataclass(frozen=True)
@@ -39,10 +40,10 @@ def fc_allowances(expected: Sequence[torch.Tensor], same_dtype: Sequence[torch.T
     allowance of the fc's precision envelope on the same features (`same_dtype`: per prompt
     [M, T, H], the correct implementations' fc, Oracle.reference_fc; or one [T, H]), the
     largest error among them; None in fp32 (strict)."""
-    tol = tolerance_for(dtype)
-    if tol.strict:
+    if not is_reduced(dtype):
         return None
-    floor = tolerance_for("float32").rtol
+    tol = tolerance_for(dtype)
+    floor = allowance_floor()
 
     def envelope_error(low: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
         err = relative_errors(low, ref)
@@ -78,7 +79,7 @@ def assert_fc_matches(*, fc_out: Sequence[torch.Tensor], features: Sequence[torc
     """The engine's fc output is the trained fc of its own features, token by token;
     same_dtype (required in reduced precision): per prompt, the fc of the same features by the
     correct implementations in the engine's dtype (Oracle.reference_fc), its envelope."""
-    if same_dtype is None and not tolerance_for(dtype).strict:
+    if same_dtype is None and is_reduced(dtype):
         raise ValueError(f"judging {dtype} fc needs the {dtype} reference fc (Oracle.reference_fc)")
     verdict = judge_fc(fc_out, features, expected, tolerance_for(dtype).rtol,
                        draft_hidden=draft_hidden, norm_before_fc=norm_before_fc, fc_norm=fc_norm,

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 import torch
 
 from harness.core.tolerances import tolerance_for
+from harness.judgement.precision import is_reduced
 
 
 def first_divergence(a: Sequence[int], b: Sequence[int]) -> int | None:
@@ -29,7 +30,7 @@ def near_tie_bound(oracle, context: Sequence[int], pair: Sequence[int], dtype: s
     idx = torch.tensor(list(pair))
     gap = float((logits[idx[0]] - logits[idx[1]]).abs())
     bound = tol.near_tie
-    if not tol.strict:
+    if is_reduced(dtype):
         low = oracle.reference_logits(context, dtype, device)
         moved = float((low[idx] - logits[idx]).abs().sum())
         bound = max(bound, tol.noise_factor * moved + 2 * tol.unit * float(logits[idx].abs().max()))
