@@ -47,6 +47,7 @@ from harness.judgement.acceptance import (
     same_dtype_acceptance,
 )
 from harness.judgement.assertions import (
+    CaptureContext,
     ConformanceFailure,
     assert_capture_matches,
     assert_fc_matches,
@@ -130,13 +131,13 @@ def run_draft(oracle: Oracle, draft: str, args: argparse.Namespace,
         env = oracle.envelope(p, dtype)
         return env.without(left_out) if left_out in env.members else env
 
+    ctx = CaptureContext(training_boundaries=spec.boundaries, config_ids=spec.layer_ids, dtype=dtype,
+                         engine_name=engine.name, draft=draft, check="test_capture_drawn_prompts")
     try:
         for i, p in enumerate(prompts):
             cap = engine.capture([p])
             diag = tally.judge("capture", [p], lambda cap=cap, p=p: assert_capture_matches(
-                features=cap.features, golden=[oracle.features(p)], training_boundaries=spec.boundaries,
-                dtype=dtype, engine_name=engine.name, engine_convention=None, config_ids=spec.layer_ids,
-                draft=draft, prompts=[p], check="test_capture_drawn_prompts",
+                ctx, features=cap.features, golden=[oracle.features(p)], prompts=[p],
                 envelopes=[noise(p)] if is_reduced(dtype) else None))
             if diag is not None and "precision" in diag.details:
                 tally.ambiguous_tokens += diag.details["precision"]["ambiguous"]

@@ -20,7 +20,7 @@ from harness.engines.base import EngineOptions
 from harness.golden.bundle import load_bundle
 from harness.golden.oracle import Oracle
 from harness.golden.paths import default_bundle_path
-from harness.judgement.assertions import ConformanceFailure, assert_capture_matches
+from harness.judgement.assertions import CaptureContext, ConformanceFailure, assert_capture_matches
 
 ROOT = Path(__file__).resolve().parents[1]
 TEMPLATE = ROOT / "examples" / "template_adapter.py"
@@ -65,11 +65,12 @@ def test_a_wrong_rule_fails_with_the_fix_in_the_adapters_own_convention() -> Non
         engine.close()
     spec = oracle.spec(draft)
     with pytest.raises(ConformanceFailure) as failed:
-        assert_capture_matches(features=capture.features, golden=[oracle.features(p) for p in prompts],
-                               training_boundaries=spec.boundaries, dtype="float32",
-                               engine_name="OffByOne", engine_convention=OffByOne.convention,
-                               config_ids=spec.layer_ids, draft=draft, prompts=prompts,
-                               check="test_capture_pinned_prompts")
+        assert_capture_matches(CaptureContext(training_boundaries=spec.boundaries, config_ids=spec.layer_ids,
+                                              dtype="float32", engine_name="OffByOne", draft=draft,
+                                              check="test_capture_pinned_prompts",
+                                              engine_convention=OffByOne.convention),
+                               features=capture.features, golden=[oracle.features(p) for p in prompts],
+                               prompts=prompts)
     (diag,) = failed.value.diagnoses
     assert diag.kind == "offset" and diag.offset == -1
     assert diag.suggested_layer_ids == list(spec.boundaries)  # b = id: the ids are the boundaries

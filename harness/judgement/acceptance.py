@@ -18,6 +18,7 @@ from harness.engines.base import Acceptance, Capability, Engine, EngineOptions, 
 from harness.golden.oracle import Oracle
 from harness.judgement import precision
 from harness.judgement.assertions import (
+    CaptureContext,
     ConformanceFailure,
     assert_capture_matches,
     assert_decode_inputs_match,
@@ -51,18 +52,15 @@ def explain_shortfall(engine: Engine, oracle: Oracle, draft: str, generation: Ge
     spec = oracle.spec(draft)
     rtol = tolerance_for(engine.options.dtype).rtol
     prompts = oracle.pinned_prompts
+    ctx = CaptureContext.for_engine(engine, spec, draft, "explain_shortfall")
     capture = engine.capture(prompts) if Capability.CAPTURE in engine.capabilities else None
     if capture is not None:
         # judged as the capture check judges it (in reduced precision: identity and the
         # precision envelope), so precision noise is never blamed for the shortfall
-        dtype = engine.options.dtype
         try:
-            assert_capture_matches(
-                features=capture.features, golden=[oracle.features(p) for p in prompts],
-                training_boundaries=spec.boundaries, dtype=dtype, engine_name=engine.name,
-                engine_convention=engine.convention, config_ids=spec.layer_ids, draft=draft,
-                prompts=prompts, check="explain_shortfall",
-                envelopes=precision.envelopes(oracle, prompts, dtype))
+            assert_capture_matches(ctx, features=capture.features,
+                                   golden=[oracle.features(p) for p in prompts], prompts=prompts,
+                                   envelopes=precision.envelopes(oracle, prompts, ctx.dtype))
         except ConformanceFailure as failed:
             if failed.diagnoses:
                 return failed.diagnoses[0]
@@ -89,12 +87,8 @@ def explain_shortfall(engine: Engine, oracle: Oracle, draft: str, generation: Ge
         # that tells a misaligned re-feed, shifted draft positions, a cache not rolled back
         # and state kept between requests apart (harness.diagnosis.decode)
         try:
-            assert_decode_inputs_match(
-                decode=engine.decode_inputs(prompts, new_tokens), oracle=oracle, prompts=prompts,
-                training_boundaries=spec.boundaries, dtype=engine.options.dtype,
-                device=engine.options.device, engine_name=engine.name,
-                engine_convention=engine.convention, config_ids=spec.layer_ids, draft=draft,
-                check="explain_shortfall")
+            assert_decode_inputs_match(ctx, decode=engine.decode_inputs(prompts, new_tokens),
+                                       oracle=oracle, prompts=prompts)
             decode_verified = True
         except ConformanceFailure as failed:
             if failed.diagnoses:

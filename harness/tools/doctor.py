@@ -579,7 +579,11 @@ class _Doctor:
         precision envelope of the target itself in the engine's dtype (harness/golden/envelope.py;
         a fixed rtol cries wolf there, and a verified fix would read as "fix fails")."""
         from harness.golden.envelope import EnvelopeBuilder
-        from harness.judgement.assertions import ConformanceFailure, assert_capture_matches
+        from harness.judgement.assertions import (
+            CaptureContext,
+            ConformanceFailure,
+            assert_capture_matches,
+        )
         from harness.judgement.precision import is_reduced
 
         envelopes = None
@@ -589,10 +593,12 @@ class _Doctor:
                 self._envelopes = [builder.envelope(p, self.options.dtype) for p in prompts]
             envelopes = self._envelopes
         try:
-            return assert_capture_matches(
-                features=captured, golden=feats, training_boundaries=trained, dtype=self.options.dtype,
-                engine_name=self.engine_name, engine_convention=self._engine_conv(),
-                config_ids=config_ids, draft=self.i.draft.name, prompts=prompts, check=check, envelopes=envelopes)
+            ctx = CaptureContext(training_boundaries=trained, config_ids=config_ids,
+                                 dtype=self.options.dtype, engine_name=self.engine_name,
+                                 draft=self.i.draft.name, check=check,
+                                 engine_convention=self._engine_conv())
+            return assert_capture_matches(ctx, features=captured, golden=feats, prompts=prompts,
+                                          envelopes=envelopes)
         except ConformanceFailure as failure:
             return failure.diagnoses[0]
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 from harness.judgement.assertions.base import crash_failure, fail, failure, require
 from harness.judgement.assertions.canary import assert_canary_accepts, canary_line
 from harness.judgement.assertions.capture import (
+    CaptureContext,
     assert_capture_matches,
     assert_capture_matches_oracle,
     batch_leaks,
@@ -36,4 +37,4 @@ from harness.judgement.assertions.layer_ids import assert_convention_as_declared
 from harness.judgement.assertions.throughput import assert_speedup_consistent
 from harness.reports.report import ConformanceFailure
 
-__all__ = ['ConformanceFailure', 'FcVerdict', 'assert_canary_accepts', 'canary_line', 'assert_capture_matches', 'assert_capture_matches_oracle', 'assert_convention_as_declared', 'assert_decode_inputs_match', 'assert_fc_matches', 'assert_fix_holds', 'assert_history_independent', 'assert_speedup_consistent', 'batch_leaks', 'diagnose_batch_leak', 'crash_failure', 'divergence', 'fail', 'failure', 'fc_allowances', 'judge_fc', 'near_tie_bound', 'require', 'worst_tokens']
+__all__ = ['CaptureContext', 'ConformanceFailure', 'FcVerdict', 'assert_canary_accepts', 'canary_line', 'assert_capture_matches', 'assert_capture_matches_oracle', 'assert_convention_as_declared', 'assert_decode_inputs_match', 'assert_fc_matches', 'assert_fix_holds', 'assert_history_independent', 'assert_speedup_consistent', 'batch_leaks', 'diagnose_batch_leak', 'crash_failure', 'divergence', 'fail', 'failure', 'fc_allowances', 'judge_fc', 'near_tie_bound', 'require', 'worst_tokens']

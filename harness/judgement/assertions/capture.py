@@ -6,12 +6,13 @@ prompt's capture inside a batch against its capture alone.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any, NoReturn
 
 import torch
 
+from harness.core.boundaries import Convention
 from harness.core.tolerances import tolerance_for, tolerance_text
 from harness.diagnosis.capture import diagnose_capture
 from harness.diagnosis.evidence import seen_per_slot
@@ -19,8 +20,11 @@ from harness.diagnosis.fingerprint import relative_errors
 from harness.diagnosis.identity import WRONG, classify_capture, classify_tokens, noise_allowance
 from harness.diagnosis.placement import placement_diagnosis
 from harness.diagnosis.record import Diagnosis, unexplained
+from harness.engines.base import Engine
+from harness.golden.bundle import DraftSpec
 from harness.golden.envelope import Envelope
 from harness.golden.features import TargetFeatures
+from harness.golden.oracle import Oracle
 from harness.judgement import precision
 from harness.judgement.assertions.base import fail, worst_tokens
 from harness.judgement.finite import assert_finite
@@ -46,6 +50,56 @@ def _strict_off_tokens(features: Sequence[torch.Tensor], golden: Sequence[Target
     return off_total, tokens, worst
 
 
+Prompts = Sequence[Sequence[int]]
+
+
+@dataclass(frozen=True)
+class CaptureContext:
+    """Everything a capture judgement needs besides the states judged: what training fed
+    (`training_boundaries`, from the draft's `config_ids`), the engine's dtype, who served it
+    (named in the reproducer; its `engine_convention` words the fixing id list, its declared
+    `pipeline_stages` name a capture of the last stage's slots alone, harness.diagnosis.placement),
+    and which check asks.
+
+    The rest serves only the diagnosis, never pass/fail, and is asked for only on a mismatch:
+    `more_evidence`, more prompts with the engine's and the golden features, so that a shrunk
+    one-token example is diagnosed with enough evidence (a lone zero row fits many causes);
+    `alone`, the engine's features of the given prompts each captured on its own (the evidence
+    that tells a batch-dependent capture from every other cause), used where the diagnosed rows
+    were captured in a batch: `in_batch` (default: more than one prompt), or rows of
+    `more_evidence`.
+
+    One object instead of a dozen keywords, because every caller (the capture checks, the
+    decode check, the acceptance explainer, the layer-id sweep, the doctor) passes the same
+    facts about one engine serving one draft; `for_engine` reads them off the engine."""
+
+    training_boundaries: Sequence[int]
+    config_ids: Sequence[int]
+    dtype: str
+    engine_name: str
+    draft: str
+    check: str
+    engine_convention: str | Convention | None = None
+    pipeline_stages: Sequence[int] | None = None
+    alone: Callable[[Prompts], Sequence[torch.Tensor]] | None = None
+    more_evidence: Callable[[], tuple[Prompts, Sequence[torch.Tensor], Sequence[TargetFeatures]]] | None = None
+    in_batch: bool | None = None
+
+    @classmethod
+    def for_engine(cls, engine: Engine, spec: DraftSpec, draft: str, check: str,
+                   **rest: object) -> CaptureContext:
+        """The context of `engine` serving the bundle draft `spec` (named `draft`) in its own
+        dtype; `rest`: the optional fields."""
+        return cls(training_boundaries=spec.boundaries, config_ids=spec.layer_ids,
+                   dtype=engine.options.dtype, engine_name=engine.name, draft=draft, check=check,
+                   engine_convention=engine.convention, **rest)  # type: ignore[arg-type]
+
+    @property
+    def where(self) -> dict[str, str]:
+        """The reproducer's arguments to `fail`: which draft, engine and check."""
+        return {"draft": self.draft, "engine_name": self.engine_name, "check": self.check}
+
+
 def _wrong_width(widths: set[int], expected_width: int, training_boundaries: Sequence[int],
                  hidden: int, diag: Diagnosis, **where: Any) -> NoReturn:
     fail(f"the engine handed the draft {sorted(widths)}-wide features, training fed fc "
@@ -53,44 +107,29 @@ def _wrong_width(widths: set[int], expected_width: int, training_boundaries: Seq
          f"{diag.message}", diagnoses=[diag], **where)
 
 
-def assert_capture_matches(*, features: Sequence[torch.Tensor], golden: Sequence[TargetFeatures],
-                           training_boundaries: Sequence[int], dtype: str,
-                           engine_name: str, engine_convention: str | None,
-                           config_ids: Sequence[int], draft: str,
-                           prompts: Sequence[Sequence[int]], check: str,
-                           envelopes: Sequence[Envelope] | None = None,
-                           alone: Callable[[Sequence[Sequence[int]]], Sequence[torch.Tensor]] | None = None,
-                           context: Callable[[], tuple[Sequence[Sequence[int]], Sequence[torch.Tensor],
-                                                       Sequence[TargetFeatures]]] | None = None,
-                           in_batch: bool | None = None,
-                           pipeline_stages: Sequence[int] | None = None) -> Diagnosis:
-    """The engine handed the draft, slot by slot and token by token, what training used.
+def assert_capture_matches(ctx: CaptureContext, *, features: Sequence[torch.Tensor],
+                           golden: Sequence[TargetFeatures], prompts: Prompts,
+                           envelopes: Sequence[Envelope] | None = None) -> Diagnosis:
+    """The engine handed the draft, slot by slot and token by token, what training used
+    (`ctx`: which boundaries, which dtype, who served them, and the diagnosis' extra evidence).
 
     fp32: every token within the strict bound. Reduced precision: no token may be what a
     wiring bug leaves (another golden state, zeros, a state no nearer its boundary than zero),
     and no slot's median error may exceed the envelope's; `envelopes` (required there) holds
     per prompt the precision envelope, the prompt computed by correct implementations in the
     engine's dtype (`Oracle.envelope`). Tokens precision makes ambiguous, and routing near-ties,
-    pass and are reported in the returned diagnosis' details["precision"].
-
-    Only for the diagnosis, never for pass/fail, and asked for only on a mismatch: `context`,
-    more prompts with the engine's and the golden features, so that a shrunk one-token example
-    is diagnosed with enough evidence (a lone zero row fits many causes); `alone`, the engine's
-    features of the given prompts each captured on its own (the evidence that tells a
-    batch-dependent capture from every other cause), used where the diagnosed rows were
-    captured in a batch: `in_batch` (default: more than one prompt), or context rows.
-    `pipeline_stages`: the engine's declared pipeline layout (Engine.pipeline_stages), so that
-    a capture of the last stage's slots alone is named (harness.diagnosis.placement)."""
+    pass and are reported in the returned diagnosis' details["precision"]."""
+    training_boundaries, dtype = ctx.training_boundaries, ctx.dtype
+    where = {**ctx.where, "prompts": prompts}
     assert_finite("the aux features the engine handed the draft", features)
     hidden = golden[0].boundaries.shape[-1]
     expected_width = len(training_boundaries) * hidden
     widths = {int(x.shape[-1]) for x in features}
     placed = len(widths) == 1 and placement_diagnosis(
         next(iter(widths)), expected_width, hidden, source="the adapter reported",
-        training_boundaries=training_boundaries, pipeline_stages=pipeline_stages)
+        training_boundaries=training_boundaries, pipeline_stages=ctx.pipeline_stages)
     if placed:  # a width only a placement leaves: no state to fingerprint slot by slot
-        _wrong_width(widths, expected_width, training_boundaries, hidden, placed,
-                     draft=draft, engine_name=engine_name, prompts=prompts, check=check)
+        _wrong_width(widths, expected_width, training_boundaries, hidden, placed, **where)
     tol = tolerance_for(dtype)
     found = None
     if is_reduced(dtype):
@@ -105,28 +144,26 @@ def assert_capture_matches(*, features: Sequence[torch.Tensor], golden: Sequence
     # diagnosis still looks for the fitted causes and gathers the evidence below
     judged_off = found is not None and not found.ok
     diagnose = partial(diagnose_capture, training_boundaries=training_boundaries,
-                       engine_convention=engine_convention, config_ids=config_ids, rtol=tol.rtol,
+                       engine_convention=ctx.engine_convention, config_ids=ctx.config_ids, rtol=tol.rtol,
                        separation=tol.separation, judged_off=judged_off)
     diag = diagnose(features, golden)
     seen_p, seen_x, seen_g = list(prompts), list(features), list(golden)
-    if (diag.kind != "ok" or judged_off) and context is not None:
-        more_p, more, more_golden = context()
+    if (diag.kind != "ok" or judged_off) and ctx.more_evidence is not None:
+        more_p, more, more_golden = ctx.more_evidence()
         seen_p, seen_x, seen_g = [*seen_p, *more_p], [*seen_x, *more], [*seen_g, *more_golden]
         diag = diagnose(seen_x, seen_g)
-    batched = len(features) > 1 if in_batch is None else in_batch
-    if ((diag.kind != "ok" or judged_off) and alone is not None
+    batched = len(features) > 1 if ctx.in_batch is None else ctx.in_batch
+    if ((diag.kind != "ok" or judged_off) and ctx.alone is not None
             and (batched or len(seen_x) > len(features))):
-        diag = diagnose(seen_x, seen_g, alone=alone(seen_p))
+        diag = diagnose(seen_x, seen_g, alone=ctx.alone(seen_p))
     if widths != {expected_width}:
-        _wrong_width(widths, expected_width, training_boundaries, hidden, diag,
-                     draft=draft, engine_name=engine_name, prompts=prompts, check=check)
+        _wrong_width(widths, expected_width, training_boundaries, hidden, diag, **where)
     bound = tolerance_text(dtype, golden[0].num_layers)
     if not is_reduced(dtype):
         off, total, worst = _strict_off_tokens(features, golden, training_boundaries, tol.rtol)
         if off:
             fail(f"aux features differ from training on {off}/{total} tokens (worst relative "
-                 f"error {worst:.3g}; tolerance: {bound}). {diag.message}", draft=draft,
-                 engine_name=engine_name, prompts=prompts, diagnoses=[diag], check=check)
+                 f"error {worst:.3g}; tolerance: {bound}). {diag.message}", diagnoses=[diag], **where)
         return diag
     assert found is not None  # reduced precision, widths as trained: judged above
     diag.details["precision"] = found.summary()
@@ -162,20 +199,16 @@ def assert_capture_matches(*, features: Sequence[torch.Tensor], golden: Sequence
              f"{found.counts['routing_tie']} at MoE routing near-ties, "
              f"{found.counts['precision_outlier']} precision outliers identified as their own "
              f"boundary; tolerance: {bound}). {diag.message}",
-             draft=draft, engine_name=engine_name, prompts=prompts, diagnoses=[diag], check=check)
+             diagnoses=[diag], **where)
     return diag
 
 
-def assert_capture_matches_oracle(*, features: Sequence[torch.Tensor], oracle,
-                                  prompts: Sequence[Sequence[int]], dtype: str, device: str,
-                                  **judged) -> Diagnosis:
-    """assert_capture_matches with the golden features of `prompts` from `oracle`
-    (harness.golden.oracle.Oracle) and, in reduced precision, their precision envelopes;
-    `device` is the engine's (the envelope covers the CPU and, where present, the GPU); `judged`: the rest of
-    assert_capture_matches' arguments."""
-    return assert_capture_matches(
-        features=features, golden=[oracle.features(p) for p in prompts], dtype=dtype,
-        prompts=prompts, envelopes=precision.envelopes(oracle, prompts, dtype), **judged)
+def assert_capture_matches_oracle(ctx: CaptureContext, *, features: Sequence[torch.Tensor],
+                                  oracle: Oracle, prompts: Prompts) -> Diagnosis:
+    """assert_capture_matches with the golden features of `prompts` from `oracle` and, in
+    reduced precision, their precision envelopes."""
+    return assert_capture_matches(ctx, features=features, golden=[oracle.features(p) for p in prompts],
+                                  prompts=prompts, envelopes=precision.envelopes(oracle, prompts, ctx.dtype))
 
 
 def batch_leaks(inside: torch.Tensor, alone: torch.Tensor, *, dtype: str,

@@ -21,7 +21,7 @@ from harness.engines.base import DecodeInputs
 from harness.golden.features import aux_features
 from harness.judgement import precision
 from harness.judgement.assertions.base import fail
-from harness.judgement.assertions.capture import assert_capture_matches, batch_leaks
+from harness.judgement.assertions.capture import CaptureContext, assert_capture_matches, batch_leaks
 from harness.judgement.assertions.generation import divergence
 from harness.judgement.finite import assert_finite
 from harness.judgement.precision import leak_evidence, traces_exact
@@ -44,11 +44,10 @@ def _first_misplaced(decode: DecodeInputs) -> tuple[int, int, str]:
     return 0, 0, "positions differ"
 
 
-def assert_decode_inputs_match(*, decode: DecodeInputs, oracle, prompts: Sequence[Sequence[int]],
-                               training_boundaries: Sequence[int], dtype: str, device: str,
-                               engine_name: str, engine_convention: str | None,
-                               config_ids: Sequence[int], draft: str, check: str) -> None:
-    """What the draft was fed while decoding is what training feeds it: row j of a prompt's
+def assert_decode_inputs_match(ctx: CaptureContext, *, decode: DecodeInputs, oracle,
+                               prompts: Sequence[Sequence[int]]) -> None:
+    """What the draft was fed while decoding is what training feeds it (`ctx`: as the capture
+    check's, whose judgement the rows get): row j of a prompt's
     feeds (the prefill's rows, then each verify round's accepted positions) at position j,
     with the target's features at j over the sequence the engine generated (`oracle`, fp32:
     the golden features of prompt + continuation). Judged in three steps, each with its own
@@ -62,8 +61,7 @@ def assert_decode_inputs_match(*, decode: DecodeInputs, oracle, prompts: Sequenc
     for prompt, tokens, feeds in zip(prompts, decode.tokens, decode.feeds, strict=True):
         if not feeds:
             fail(f"prompt {list(prompt)}: the engine reported no feed of target features to the "
-                 f"draft at all (not even the prefill's)", draft=draft, engine_name=engine_name,
-                 prompts=[prompt], check=check)
+                 f"draft at all (not even the prefill's)", prompts=[prompt], **ctx.where)
         seq = [int(t) for t in prompt] + [int(t) for t in tokens]
         fed = torch.cat([f.features for f in feeds], dim=0)
         rows.append(fed[:len(seq)])
@@ -76,24 +74,21 @@ def assert_decode_inputs_match(*, decode: DecodeInputs, oracle, prompts: Sequenc
         i, r, what = _first_misplaced(decode)
         fail(f"the draft's decode-time positions are not training's: prompt {i} feed {r} "
              f"({'the prefill' if r == 0 else f'after verify round {r}'}): {what} (exact "
-             f"integers: no tolerance). {diag.message}", draft=draft, engine_name=engine_name,
-             prompts=[prompts[i]], diagnoses=[diag], check=check)
+             f"integers: no tolerance). {diag.message}", prompts=[prompts[i]],
+             diagnoses=[diag], **ctx.where)
     golden = [oracle.features(s).prefix(x.shape[0]) for s, x in zip(sequences, rows, strict=True)]
-    width = len(training_boundaries) * golden[0].boundaries.shape[-1]
+    width = len(ctx.training_boundaries) * golden[0].boundaries.shape[-1]
     if all(x.shape[-1] == width for x in rows):
-        shift = row_shift(rows, [aux_features(g, training_boundaries) for g in golden],
+        shift = row_shift(rows, [aux_features(g, ctx.training_boundaries) for g in golden],
                           [len(feeds[0].positions) for feeds in decode.feeds])
         if shift.named is not None and shift.prefill_in_place >= ROW_SHARE * shift.prefill_rows:
             diag = misaligned_diagnosis(shift)
             fail(f"the rows re-fed to the draft after verify rounds are not the features of their "
-                 f"own positions. {diag.message}", draft=draft, engine_name=engine_name,
-                 prompts=prompts, diagnoses=[diag], check=check)
-    envelopes = precision.envelopes(oracle, sequences, dtype, [x.shape[0] for x in rows])
-    judged = dict(training_boundaries=training_boundaries, dtype=dtype, engine_name=engine_name,
-                  engine_convention=engine_convention, config_ids=config_ids, draft=draft,
-                  prompts=prompts, check=check)
+                 f"own positions. {diag.message}", prompts=prompts,
+                 diagnoses=[diag], **ctx.where)
+    envelopes = precision.envelopes(oracle, sequences, ctx.dtype, [x.shape[0] for x in rows])
     try:
-        assert_capture_matches(features=rows, golden=golden, envelopes=envelopes, **judged)
+        assert_capture_matches(ctx, features=rows, golden=golden, prompts=prompts, envelopes=envelopes)
     except ConformanceFailure as failed:
         # pass/fail is the whole feed's; the cause is named from the prefill's rows where they
         # are wrong already: they are the capture of one forward, which the capture diagnosis
@@ -102,11 +97,10 @@ def assert_decode_inputs_match(*, decode: DecodeInputs, oracle, prompts: Sequenc
         cut = [len(feeds[0].positions) for feeds in decode.feeds]
         try:
             assert_capture_matches(
-                features=[x[:c] for x, c in zip(rows, cut, strict=True)],
+                ctx, features=[x[:c] for x, c in zip(rows, cut, strict=True)], prompts=prompts,
                 golden=[g.prefix(c) for g, c in zip(golden, cut, strict=True)],
                 envelopes=None if envelopes is None else [
-                    e.prefix(c) for e, c in zip(envelopes, cut, strict=True)],
-                **judged)
+                    e.prefix(c) for e, c in zip(envelopes, cut, strict=True)])
         except ConformanceFailure as prefill:
             raise ConformanceFailure(f"decode-time feeds ({sum(x.shape[0] for x in rows)} rows): the "
                                      f"prefill's feed is already not training's: {prefill}",
