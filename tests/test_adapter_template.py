@@ -112,12 +112,12 @@ def test_the_reproducer_repeats_the_dotted_path_and_the_convention_prints_by_nam
     """A failure's reproducer must rerun the engine it failed on: for an adapter that is the
     --engine value given (`examples.template_adapter:TemplateEngine`), not its `name`
     ("template", which --engine refuses); an adapter's own convention prints as its name."""
-    from harness.judgement.assertions import base
+    from harness.judgement import verdict
 
-    monkeypatch.setattr(base, "_RUN_ENGINE", {})
-    assert "--engine template " in base.reproducer("template", "single-aux", check="c")
-    base.set_run_engine("examples.template_adapter:TemplateEngine")
-    line = base.reproducer(TemplateEngine.name, "single-aux", check="c")
+    monkeypatch.setattr(verdict, "_RUN_ENGINE", {})
+    assert "--engine template " in verdict.reproducer("template", "single-aux", check="c")
+    verdict.set_run_engine("examples.template_adapter:TemplateEngine")
+    line = verdict.reproducer(TemplateEngine.name, "single-aux", check="c")
     assert "--engine examples.template_adapter:TemplateEngine --draft single-aux -k c" in line, line
     assert f"{TEMPLATE_CONVENTION}" == "template-engine"
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from harness.core.tolerances import CANARY_FRACTION
-from harness.judgement.assertions.base import fail
+from harness.judgement.verdict import fail
 
 
 def canary_line(canary: dict, same_dtype: float | None = None) -> float | None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from functools import partial
-from typing import Any, NoReturn
+from typing import Any
 
 import torch
 
@@ -26,9 +26,10 @@ from harness.golden.envelope import Envelope
 from harness.golden.features import TargetFeatures
 from harness.golden.oracle import Oracle
 from harness.judgement import precision
-from harness.judgement.assertions.base import fail, worst_tokens
-from harness.judgement.finite import assert_finite
+from harness.judgement.assertions.base import worst_tokens
+from harness.judgement.finite import finite_judgement
 from harness.judgement.precision import allowance_floor, is_reduced
+from harness.judgement.verdict import Judgement
 
 
 def _strict_off_tokens(features: Sequence[torch.Tensor], golden: Sequence[TargetFeatures],
@@ -101,27 +102,51 @@ class CaptureContext:
 
 
 def _wrong_width(widths: set[int], expected_width: int, training_boundaries: Sequence[int],
-                 hidden: int, diag: Diagnosis, **where: Any) -> NoReturn:
-    fail(f"the engine handed the draft {sorted(widths)}-wide features, training fed fc "
-         f"{expected_width} = {len(training_boundaries)} aux states x {hidden}; "
-         f"{diag.message}", diagnoses=[diag], **where)
+                 hidden: int, diag: Diagnosis, **where: Any) -> Judgement:
+    return Judgement(False, f"the engine handed the draft {sorted(widths)}-wide features, training "
+                            f"fed fc {expected_width} = {len(training_boundaries)} aux states x "
+                            f"{hidden}; {diag.message}",
+                     measured=sorted(widths), bound=expected_width, diagnosis=diag, **where)
 
 
-def assert_capture_matches(ctx: CaptureContext, *, features: Sequence[torch.Tensor],
-                           golden: Sequence[TargetFeatures], prompts: Prompts,
-                           envelopes: Sequence[Envelope] | None = None) -> Diagnosis:
-    """The engine handed the draft, slot by slot and token by token, what training used
-    (`ctx`: which boundaries, which dtype, who served them, and the diagnosis' extra evidence).
+def _evidence(ctx: CaptureContext, features: Sequence[torch.Tensor], golden: Sequence[TargetFeatures],
+              prompts: Prompts) -> tuple[list[torch.Tensor], list[TargetFeatures], Sequence[torch.Tensor] | None]:
+    """(features, golden features, solo captures or None): all the evidence the diagnosis of a
+    capture that is off reads, the context's extra prompts and solo captures included where it
+    has them (solo captures only where the rows were captured in a batch)."""
+    seen_p, seen_x, seen_g = list(prompts), list(features), list(golden)
+    if ctx.more_evidence is not None:
+        more_p, more, more_golden = ctx.more_evidence()
+        seen_p, seen_x, seen_g = [*seen_p, *more_p], [*seen_x, *more], [*seen_g, *more_golden]
+    batched = len(features) > 1 if ctx.in_batch is None else ctx.in_batch
+    solo = ctx.alone(seen_p) if ctx.alone is not None and (batched or len(seen_x) > len(features)) else None
+    return seen_x, seen_g, solo
+
+
+def judge_capture(ctx: CaptureContext, *, features: Sequence[torch.Tensor],
+                  golden: Sequence[TargetFeatures], prompts: Prompts,
+                  envelopes: Sequence[Envelope] | None = None) -> Judgement:
+    """Did the engine hand the draft, slot by slot and token by token, what training used?
+    (`ctx`: which boundaries, which dtype, who served them, and the diagnosis' extra evidence.)
 
     fp32: every token within the strict bound. Reduced precision: no token may be what a
     wiring bug leaves (another golden state, zeros, a state no nearer its boundary than zero),
     and no slot's median error may exceed the envelope's; `envelopes` (required there) holds
     per prompt the precision envelope, the prompt computed by correct implementations in the
     engine's dtype (`Oracle.envelope`). Tokens precision makes ambiguous, and routing near-ties,
-    pass and are reported in the returned diagnosis' details["precision"]."""
+    pass and are reported in the diagnosis' details["precision"].
+
+    The verdict comes first and the diagnosis after it, once: a capture that is off is
+    diagnosed on all the evidence the context can gather (its extra prompts, solo captures) in
+    one pass. Only a reduced-precision pass is screened first (its diagnosis records which
+    boundaries the slots hold, and one whose labels are not as trained is read on all the
+    evidence as before). Non-finite features fail at once (harness.judgement.finite): there
+    is nothing to compare."""
     training_boundaries, dtype = ctx.training_boundaries, ctx.dtype
     where = {**ctx.where, "prompts": prompts}
-    assert_finite("the aux features the engine handed the draft", features)
+    nan = finite_judgement("the aux features the engine handed the draft", features)
+    if nan is not None:
+        return nan
     hidden = golden[0].boundaries.shape[-1]
     expected_width = len(training_boundaries) * hidden
     widths = {int(x.shape[-1]) for x in features}
@@ -129,47 +154,54 @@ def assert_capture_matches(ctx: CaptureContext, *, features: Sequence[torch.Tens
         next(iter(widths)), expected_width, hidden, source="the adapter reported",
         training_boundaries=training_boundaries, pipeline_stages=ctx.pipeline_stages)
     if placed:  # a width only a placement leaves: no state to fingerprint slot by slot
-        _wrong_width(widths, expected_width, training_boundaries, hidden, placed, **where)
+        return _wrong_width(widths, expected_width, training_boundaries, hidden, placed, **where)
     tol = tolerance_for(dtype)
+    if is_reduced(dtype) and envelopes is None:
+        raise ValueError(f"judging {dtype} capture needs the {dtype} precision envelope of "
+                         f"the same prompts (Oracle.envelope); pass envelopes=")
+    as_trained = widths == {expected_width}
     found = None
-    if is_reduced(dtype):
-        if envelopes is None:
-            raise ValueError(f"judging {dtype} capture needs the {dtype} precision envelope of "
-                             f"the same prompts (Oracle.envelope); pass envelopes=")
-        if widths == {expected_width}:
-            found = classify_capture(features, golden, training_boundaries, envelopes,
-                                     noise_factor=tol.noise_factor, separation=tol.separation,
-                                     floor=allowance_floor())
+    if is_reduced(dtype) and as_trained:
+        assert envelopes is not None
+        found = classify_capture(features, golden, training_boundaries, envelopes,
+                                 noise_factor=tol.noise_factor, separation=tol.separation,
+                                 floor=allowance_floor())
+    off = total = 0
+    worst = 0.0
+    if not is_reduced(dtype) and as_trained:
+        off, total, worst = _strict_off_tokens(features, golden, training_boundaries, tol.rtol)
     # the reduced-precision judgement failed a capture whose labels may all be as trained: the
-    # diagnosis still looks for the fitted causes and gathers the evidence below
+    # diagnosis still looks for the fitted causes
     judged_off = found is not None and not found.ok
     diagnose = partial(diagnose_capture, training_boundaries=training_boundaries,
-                       engine_convention=ctx.engine_convention, config_ids=ctx.config_ids, rtol=tol.rtol,
-                       separation=tol.separation, judged_off=judged_off)
-    diag = diagnose(features, golden)
-    seen_p, seen_x, seen_g = list(prompts), list(features), list(golden)
-    if (diag.kind != "ok" or judged_off) and ctx.more_evidence is not None:
-        more_p, more, more_golden = ctx.more_evidence()
-        seen_p, seen_x, seen_g = [*seen_p, *more_p], [*seen_x, *more], [*seen_g, *more_golden]
-        diag = diagnose(seen_x, seen_g)
-    batched = len(features) > 1 if ctx.in_batch is None else ctx.in_batch
-    if ((diag.kind != "ok" or judged_off) and ctx.alone is not None
-            and (batched or len(seen_x) > len(features))):
-        diag = diagnose(seen_x, seen_g, alone=ctx.alone(seen_p))
-    if widths != {expected_width}:
-        _wrong_width(widths, expected_width, training_boundaries, hidden, diag, **where)
+                       engine_convention=ctx.engine_convention, config_ids=ctx.config_ids,
+                       rtol=tol.rtol, separation=tol.separation, judged_off=judged_off)
+    if not as_trained or off or judged_off:
+        # off: every slot label that is not as trained is what the diagnosis reads (a wrong
+        # slot count, or in fp32 a token beyond rtol, makes the slot fingerprint off too)
+        seen_x, seen_g, alone = _evidence(ctx, features, golden, prompts)
+        diag = diagnose(seen_x, seen_g, alone=alone)
+    else:
+        diag = diagnose(features, golden)
+        if diag.kind != "ok":
+            # a reduced-precision pass whose slot labels are not all as trained: recorded on
+            # all the evidence, as the diagnosis of a failure would be
+            seen_x, seen_g, alone = _evidence(ctx, features, golden, prompts)
+            diag = diagnose(seen_x, seen_g, alone=alone)
+    if not as_trained:
+        return _wrong_width(widths, expected_width, training_boundaries, hidden, diag, **where)
     bound = tolerance_text(dtype, golden[0].num_layers)
-    if not is_reduced(dtype):
-        off, total, worst = _strict_off_tokens(features, golden, training_boundaries, tol.rtol)
-        if off:
-            fail(f"aux features differ from training on {off}/{total} tokens (worst relative "
-                 f"error {worst:.3g}; tolerance: {bound}). {diag.message}", diagnoses=[diag], **where)
-        return diag
-    assert found is not None  # reduced precision, widths as trained: judged above
+    if found is None:  # fp32
+        return Judgement(not off, f"aux features differ from training on {off}/{total} tokens (worst "
+                                  f"relative error {worst:.3g}; tolerance: {bound}). {diag.message}"
+                         if off else diag.message,
+                         measured={"tokens_off": off, "tokens": total, "worst_rel_error": worst},
+                         bound=bound, diagnosis=diag, **where)
     diag.details["precision"] = found.summary()
+    measured = {"wrong": len(found.wrong), "slot_tokens": found.tokens, **found.counts}
     if found.ok:
         # the judgement decides: tokens precision leaves undecided are ambiguous, not skipped
-        return replace(diag, kind="ok", message=(
+        diag = replace(diag, kind="ok", message=(
             f"all {len(training_boundaries)} slots are the training boundaries "
             f"{list(training_boundaries)} at {dtype}: {found.counts['exact']}/{found.tokens} "
             f"slot-tokens within the precision envelope, {found.counts['precision_outlier']} precision "
@@ -177,6 +209,7 @@ def assert_capture_matches(ctx: CaptureContext, *, features: Sequence[torch.Tens
             f"(a correct {dtype} implementation itself cannot be told apart there), "
             f"{found.counts['routing_tie']} at MoE routing near-ties (neither evidence of a bug "
             f"nor of the wiring)."))
+        return Judgement(True, diag.message, measured=measured, bound=bound, diagnosis=diag, **where)
     if diag.kind == "ok":
         # no known class fits at this dtype's tolerance: say what was seen, never a class by
         # elimination (issue #13)
@@ -189,17 +222,26 @@ def assert_capture_matches(ctx: CaptureContext, *, features: Sequence[torch.Tens
                 + ", ".join(f"{c['state']} at {c['median_rel_error']:.3g}" for c in d["nearest"])
                 for d in seen) + ". Confidence margin: none, no explanation fits."),
             details={**diag.details, "seen": seen, "confidence_margin": 0.0})
-    if not found.ok:
-        shown = "; ".join(f"prompt {p} slot {s} token {t}: {why}" for p, s, t, why in found.wrong[:3])
-        drift = "; ".join(f"slot {s} median error {m:.3g} > {a:.3g}" for s, m, a in found.drift)
-        fail(f"aux features are not the training boundaries on {len(found.wrong)}/{found.tokens} "
-             f"slot-tokens" + (f" ({shown})" if shown else "")
-             + (f"; drifting beyond the {dtype} precision envelope: {drift}" if drift else "")
-             + f" ({found.counts['ambiguous']} more ambiguous at {dtype}, "
-             f"{found.counts['routing_tie']} at MoE routing near-ties, "
-             f"{found.counts['precision_outlier']} precision outliers identified as their own "
-             f"boundary; tolerance: {bound}). {diag.message}",
-             diagnoses=[diag], **where)
+    shown = "; ".join(f"prompt {p} slot {s} token {t}: {why}" for p, s, t, why in found.wrong[:3])
+    drift = "; ".join(f"slot {s} median error {m:.3g} > {a:.3g}" for s, m, a in found.drift)
+    return Judgement(
+        False, f"aux features are not the training boundaries on {len(found.wrong)}/{found.tokens} "
+               f"slot-tokens" + (f" ({shown})" if shown else "")
+               + (f"; drifting beyond the {dtype} precision envelope: {drift}" if drift else "")
+               + f" ({found.counts['ambiguous']} more ambiguous at {dtype}, "
+               f"{found.counts['routing_tie']} at MoE routing near-ties, "
+               f"{found.counts['precision_outlier']} precision outliers identified as their own "
+               f"boundary; tolerance: {bound}). {diag.message}",
+        measured=measured, bound=bound, diagnosis=diag, **where)
+
+
+def assert_capture_matches(ctx: CaptureContext, *, features: Sequence[torch.Tensor],
+                           golden: Sequence[TargetFeatures], prompts: Prompts,
+                           envelopes: Sequence[Envelope] | None = None) -> Diagnosis:
+    """`judge_capture`, raised: the capture check's failure, or on a pass its diagnosis (which
+    boundaries the slots hold, and in reduced precision details["precision"])."""
+    diag = judge_capture(ctx, features=features, golden=golden, prompts=prompts, envelopes=envelopes).verdict()
+    assert diag is not None  # a capture judgement always carries its diagnosis
     return diag
 
 

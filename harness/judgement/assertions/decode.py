@@ -19,13 +19,13 @@ from harness.diagnosis.decode import (
 )
 from harness.engines.base import DecodeInputs
 from harness.golden.features import aux_features
+from harness.golden.oracle import Oracle
 from harness.judgement import precision
-from harness.judgement.assertions.base import fail
-from harness.judgement.assertions.capture import CaptureContext, assert_capture_matches, batch_leaks
+from harness.judgement.assertions.capture import CaptureContext, batch_leaks, judge_capture
 from harness.judgement.assertions.generation import divergence
-from harness.judgement.finite import assert_finite
+from harness.judgement.finite import assert_finite, finite_judgement
 from harness.judgement.precision import leak_evidence, traces_exact
-from harness.reports.report import ConformanceFailure
+from harness.judgement.verdict import Judgement, fail
 
 
 def _first_misplaced(decode: DecodeInputs) -> tuple[int, int, str]:
@@ -44,38 +44,41 @@ def _first_misplaced(decode: DecodeInputs) -> tuple[int, int, str]:
     return 0, 0, "positions differ"
 
 
-def assert_decode_inputs_match(ctx: CaptureContext, *, decode: DecodeInputs, oracle,
-                               prompts: Sequence[Sequence[int]]) -> None:
-    """What the draft was fed while decoding is what training feeds it (`ctx`: as the capture
-    check's, whose judgement the rows get): row j of a prompt's
-    feeds (the prefill's rows, then each verify round's accepted positions) at position j,
-    with the target's features at j over the sequence the engine generated (`oracle`, fp32:
-    the golden features of prompt + continuation). Judged in three steps, each with its own
-    diagnosis (harness.diagnosis.decode): the positions exactly (they are integers), which row
-    the re-fed rows hold, then the rows as the capture check judges a capture (fp32: every
-    token within rtol; reduced precision: identity and the same-dtype noise floor). Rows past
-    the continuation the engine returned (a last round running past max_new_tokens) have no
-    golden counterpart and are not judged."""
+def judge_decode_inputs(ctx: CaptureContext, *, decode: DecodeInputs, oracle: Oracle,
+                        prompts: Sequence[Sequence[int]]) -> Judgement:
+    """Is what the draft was fed while decoding what training feeds it (`ctx`: as the capture
+    check's, whose judgement the rows get)? Row j of a prompt's feeds (the prefill's rows, then
+    each verify round's accepted positions) at position j, with the target's features at j over
+    the sequence the engine generated (`oracle`, fp32: the golden features of prompt +
+    continuation). Judged in three steps, each with its own diagnosis (harness.diagnosis.decode):
+    the positions exactly (they are integers), which row the re-fed rows hold, then the rows as
+    the capture check judges a capture (fp32: every token within rtol; reduced precision:
+    identity and the same-dtype noise floor). Rows past the continuation the engine returned (a
+    last round running past max_new_tokens) have no golden counterpart and are not judged."""
     rows: list[torch.Tensor] = []
     sequences: list[list[int]] = []
     for prompt, tokens, feeds in zip(prompts, decode.tokens, decode.feeds, strict=True):
         if not feeds:
-            fail(f"prompt {list(prompt)}: the engine reported no feed of target features to the "
-                 f"draft at all (not even the prefill's)", prompts=[prompt], **ctx.where)
+            return Judgement(False, f"prompt {list(prompt)}: the engine reported no feed of target "
+                                    f"features to the draft at all (not even the prefill's)",
+                             measured=0, bound="a feed per prompt", prompts=[prompt], **ctx.where)
         seq = [int(t) for t in prompt] + [int(t) for t in tokens]
         fed = torch.cat([f.features for f in feeds], dim=0)
         rows.append(fed[:len(seq)])
         sequences.append(seq)
-    assert_finite("the features the draft was fed while decoding", rows)
+    nan = finite_judgement("the features the draft was fed while decoding", rows)
+    if nan is not None:
+        return nan
     offsets = [feed_offsets([f.positions for f in feeds], [f.step_positions for f in feeds])
                for feeds in decode.feeds]
     diag = diagnose_positions(offsets)
     if diag is not None:
         i, r, what = _first_misplaced(decode)
-        fail(f"the draft's decode-time positions are not training's: prompt {i} feed {r} "
-             f"({'the prefill' if r == 0 else f'after verify round {r}'}): {what} (exact "
-             f"integers: no tolerance). {diag.message}", prompts=[prompts[i]],
-             diagnoses=[diag], **ctx.where)
+        return Judgement(False, f"the draft's decode-time positions are not training's: prompt {i} "
+                                f"feed {r} ({'the prefill' if r == 0 else f'after verify round {r}'}): "
+                                f"{what} (exact integers: no tolerance). {diag.message}",
+                         measured=what, bound="exact positions", diagnosis=diag,
+                         prompts=[prompts[i]], **ctx.where)
     golden = [oracle.features(s).prefix(x.shape[0]) for s, x in zip(sequences, rows, strict=True)]
     width = len(ctx.training_boundaries) * golden[0].boundaries.shape[-1]
     if all(x.shape[-1] == width for x in rows):
@@ -83,31 +86,38 @@ def assert_decode_inputs_match(ctx: CaptureContext, *, decode: DecodeInputs, ora
                           [len(feeds[0].positions) for feeds in decode.feeds])
         if shift.named is not None and shift.prefill_in_place >= ROW_SHARE * shift.prefill_rows:
             diag = misaligned_diagnosis(shift)
-            fail(f"the rows re-fed to the draft after verify rounds are not the features of their "
-                 f"own positions. {diag.message}", prompts=prompts,
-                 diagnoses=[diag], **ctx.where)
+            return Judgement(False, f"the rows re-fed to the draft after verify rounds are not the "
+                                    f"features of their own positions. {diag.message}",
+                             measured=shift.named, bound="each row at its own position", diagnosis=diag,
+                             prompts=prompts, **ctx.where)
     envelopes = precision.envelopes(oracle, sequences, ctx.dtype, [x.shape[0] for x in rows])
-    try:
-        assert_capture_matches(ctx, features=rows, golden=golden, prompts=prompts, envelopes=envelopes)
-    except ConformanceFailure as failed:
-        # pass/fail is the whole feed's; the cause is named from the prefill's rows where they
-        # are wrong already: they are the capture of one forward, which the capture diagnosis
-        # reads (a row shift within each forward leaves every decode round's first row zero,
-        # which no whole-feed model fits), and the re-feeds inherit its bug
-        cut = [len(feeds[0].positions) for feeds in decode.feeds]
-        try:
-            assert_capture_matches(
-                ctx, features=[x[:c] for x, c in zip(rows, cut, strict=True)], prompts=prompts,
-                golden=[g.prefix(c) for g, c in zip(golden, cut, strict=True)],
-                envelopes=None if envelopes is None else [
-                    e.prefix(c) for e, c in zip(envelopes, cut, strict=True)])
-        except ConformanceFailure as prefill:
-            raise ConformanceFailure(f"decode-time feeds ({sum(x.shape[0] for x in rows)} rows): the "
-                                     f"prefill's feed is already not training's: {prefill}",
-                                     prefill.diagnoses) from None
-        raise ConformanceFailure(f"decode-time feeds (the prefill and the re-feeds after every verify "
-                                 f"round, {sum(x.shape[0] for x in rows)} rows): {failed}",
-                                 failed.diagnoses) from None
+    whole = judge_capture(ctx, features=rows, golden=golden, prompts=prompts, envelopes=envelopes)
+    if whole.failure is None:
+        return whole
+    # pass/fail is the whole feed's; the cause is named from the prefill's rows where they are
+    # wrong already: they are the capture of one forward, which the capture diagnosis reads (a
+    # row shift within each forward leaves every decode round's first row zero, which no
+    # whole-feed model fits), and the re-feeds inherit its bug
+    cut = [len(feeds[0].positions) for feeds in decode.feeds]
+    prefill = judge_capture(
+        ctx, features=[x[:c] for x, c in zip(rows, cut, strict=True)], prompts=prompts,
+        golden=[g.prefix(c) for g, c in zip(golden, cut, strict=True)],
+        envelopes=None if envelopes is None else [e.prefix(c) for e, c in zip(envelopes, cut, strict=True)])
+    n = sum(x.shape[0] for x in rows)
+    if prefill.failure is not None:
+        why, named = f"({n} rows): the prefill's feed is already not training's: {prefill.failure}", prefill
+    else:
+        why, named = (f"(the prefill and the re-feeds after every verify round, {n} rows): "
+                      f"{whole.failure}"), whole
+    # the capture judgement's failure already ends with its reproducer
+    return Judgement(False, f"decode-time feeds {why}", measured=whole.measured, bound=whole.bound,
+                     diagnosis=next(iter(named.diagnoses), None), reproduce=False)
+
+
+def assert_decode_inputs_match(ctx: CaptureContext, *, decode: DecodeInputs, oracle: Oracle,
+                               prompts: Sequence[Sequence[int]]) -> None:
+    """`judge_decode_inputs`, raised."""
+    judge_decode_inputs(ctx, decode=decode, oracle=oracle, prompts=prompts).verdict()
 
 
 def assert_history_independent(*, prompts: Sequence[Sequence[int]], history: str,

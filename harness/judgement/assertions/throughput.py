@@ -9,7 +9,7 @@ from harness.core.throughput import SpeedupFinding
 from harness.core.tolerances import tolerance_for
 from harness.diagnosis.record import Diagnosis
 from harness.diagnosis.throughput import throughput_diagnosis
-from harness.judgement.assertions.base import fail
+from harness.judgement.verdict import fail
 
 
 def assert_speedup_consistent(finding: SpeedupFinding, *, engine_name: str, draft: str,
