@@ -62,9 +62,9 @@ from harness.golden.oracle import Oracle
 from harness.judgement.assertions import (
     CaptureContext,
     ConformanceFailure,
-    assert_capture_matches_oracle,
     assert_convention_as_declared,
     assert_fix_holds,
+    judge_capture_oracle,
     require,
 )
 from harness.judgement.lint import lint_draft
@@ -260,11 +260,11 @@ class ServedDrafts:
                 # own is the evidence that tells a batch-dependent capture from other causes
                 in_batch=True,
                 alone=lambda some: [self._engine(key).capture([p]).features[0] for p in some])
-            diag = assert_capture_matches_oracle(ctx, features=out.features, oracle=self.oracle,
-                                                 prompts=batch)
-            failure = None
-        except ConformanceFailure as f:
+            judged = judge_capture_oracle(ctx, features=out.features, oracle=self.oracle, prompts=batch)
+        except ConformanceFailure as f:  # a hung or crashed call, raised by the engine's wrapper
             diag, failure = f.diagnoses[0], f
+        else:
+            diag, failure = judged.diagnoses[0], judged.failure
         self.report.observe(Observation(slots=tuple(diag.engine_boundaries), **obs))
         return Served(ids, layout, diagnosis=diag, failure=failure)
 
@@ -330,9 +330,9 @@ def test_suggested_fix_verified(engine: Engine, oracle: Oracle, spec: DraftSpec,
     check = f"test_suggested_fix_verified[{draft_name}]"
     try:
         capture = engine.capture(batch)
-        diag = assert_capture_matches_oracle(CaptureContext.for_engine(engine, spec, draft_name, check),
-                                             features=capture.features, oracle=oracle, prompts=batch)
-    except ConformanceFailure as failure:
+        diag = judge_capture_oracle(CaptureContext.for_engine(engine, spec, draft_name, check),
+                                    features=capture.features, oracle=oracle, prompts=batch).diagnoses[0]
+    except ConformanceFailure as failure:  # a hung call, raised by the engine's wrapper
         diag = failure.diagnoses[0]
     except EngineCrash as crash:
         diag = crash_diagnosis(str(crash), spec.layer_ids, oracle.bundle.hidden_size,

@@ -23,7 +23,9 @@ from harness.judgement.assertions.capture import (
     assert_capture_matches_oracle,
     batch_leaks,
     diagnose_batch_leak,
+    judge_batch_invariance,
     judge_capture,
+    judge_capture_oracle,
 )
 from harness.judgement.assertions.decode import (
     assert_decode_inputs_match,
@@ -36,10 +38,16 @@ from harness.judgement.assertions.fc import (
     judge_fc,
     worst_tokens,
 )
-from harness.judgement.assertions.generation import divergence, near_tie_bound
+from harness.judgement.assertions.generation import (
+    divergence,
+    judge_drafted_vocab,
+    judge_generation_batch_invariance,
+    judge_lossless,
+    near_tie_bound,
+)
 from harness.judgement.assertions.layer_ids import assert_convention_as_declared, assert_fix_holds
 from harness.judgement.assertions.throughput import assert_speedup_consistent
 from harness.judgement.verdict import Judgement, fail, failure
 from harness.reports.report import ConformanceFailure
 
-__all__ = ['CaptureContext', 'ConformanceFailure', 'Judgement', 'assert_canary_accepts', 'canary_line', 'assert_capture_matches', 'assert_capture_matches_oracle', 'assert_convention_as_declared', 'assert_decode_inputs_match', 'assert_fc_matches', 'assert_fix_holds', 'assert_history_independent', 'assert_speedup_consistent', 'batch_leaks', 'diagnose_batch_leak', 'crash_failure', 'divergence', 'fail', 'failure', 'fc_allowances', 'judge_capture', 'judge_decode_inputs', 'judge_fc', 'near_tie_bound', 'require', 'worst_tokens']
+__all__ = ['CaptureContext', 'ConformanceFailure', 'Judgement', 'assert_canary_accepts', 'canary_line', 'assert_capture_matches', 'assert_capture_matches_oracle', 'assert_convention_as_declared', 'assert_decode_inputs_match', 'assert_fc_matches', 'assert_fix_holds', 'assert_history_independent', 'assert_speedup_consistent', 'batch_leaks', 'diagnose_batch_leak', 'crash_failure', 'divergence', 'fail', 'failure', 'fc_allowances', 'judge_batch_invariance', 'judge_capture', 'judge_capture_oracle', 'judge_decode_inputs', 'judge_drafted_vocab', 'judge_fc', 'judge_generation_batch_invariance', 'judge_lossless', 'near_tie_bound', 'require', 'worst_tokens']

@@ -103,6 +103,8 @@ class CaptureContext:
 
 def _wrong_width(widths: set[int], expected_width: int, training_boundaries: Sequence[int],
                  hidden: int, diag: Diagnosis, **where: Any) -> Judgement:
+    """The failed judgement of features of another width than training's fc reads: there is no
+    slot to compare token by token, so the widths and the diagnosis are all it says."""
     return Judgement(False, f"the engine handed the draft {sorted(widths)}-wide features, training "
                             f"fed fc {expected_width} = {len(training_boundaries)} aux states x "
                             f"{hidden}; {diag.message}",
@@ -245,12 +247,20 @@ def assert_capture_matches(ctx: CaptureContext, *, features: Sequence[torch.Tens
     return diag
 
 
+def judge_capture_oracle(ctx: CaptureContext, *, features: Sequence[torch.Tensor], oracle: Oracle,
+                         prompts: Prompts) -> Judgement:
+    """`judge_capture` with the golden features of `prompts` from `oracle` and, in reduced
+    precision, their precision envelopes."""
+    return judge_capture(ctx, features=features, golden=[oracle.features(p) for p in prompts],
+                         prompts=prompts, envelopes=precision.envelopes(oracle, prompts, ctx.dtype))
+
+
 def assert_capture_matches_oracle(ctx: CaptureContext, *, features: Sequence[torch.Tensor],
                                   oracle: Oracle, prompts: Prompts) -> Diagnosis:
-    """assert_capture_matches with the golden features of `prompts` from `oracle` and, in
-    reduced precision, their precision envelopes."""
-    return assert_capture_matches(ctx, features=features, golden=[oracle.features(p) for p in prompts],
-                                  prompts=prompts, envelopes=precision.envelopes(oracle, prompts, ctx.dtype))
+    """`judge_capture_oracle`, raised (see `assert_capture_matches`)."""
+    diag = judge_capture_oracle(ctx, features=features, oracle=oracle, prompts=prompts).verdict()
+    assert diag is not None  # a capture judgement always carries its diagnosis
+    return diag
 
 
 def batch_leaks(inside: torch.Tensor, alone: torch.Tensor, *, dtype: str,
@@ -317,3 +327,40 @@ def diagnose_batch_leak(together: Sequence[torch.Tensor], solo: Sequence[torch.T
                              f"but differ from each other (worst relative error per prompt, batch "
                              f"against alone: {shown}): a batch-size-dependent numeric path no "
                              f"known cause describes", evidence={"batch_vs_alone": gaps})
+
+
+def judge_batch_invariance(ctx: CaptureContext, *, inside: torch.Tensor, alone: torch.Tensor,
+                           probe: Sequence[int], batch: Prompts, position: int,
+                           companion_lengths: Sequence[int], oracle: Oracle) -> Judgement:
+    """A prompt's features are the same at `position` of `batch` (`inside`) as captured alone
+    (`alone`), judged by `batch_leaks`. On a failure the cause is diagnosed once
+    (`diagnose_batch_leak`) on every member of the batch captured in it and alone: the
+    context's `more_evidence` (the batch again) and `alone` (each member on its own)."""
+    nan = finite_judgement("the aux features the engine handed the draft", [alone, inside])
+    if nan is not None:
+        return nan
+    bad = total = 0
+    worst, bound = 0.0, ""
+    if inside.shape == alone.shape:
+        golden, envelope = precision.leak_evidence(oracle, probe, ctx.dtype)
+        bad, total, worst, bound = batch_leaks(inside, alone, dtype=ctx.dtype, golden=golden,
+                                               envelope=envelope)
+    measured = {"tokens_off": bad, "tokens": total, "worst_rel_error": worst}
+    where = {"draft": ctx.draft, "engine_name": ctx.engine_name, "prompts": batch}
+    if inside.shape == alone.shape and not bad:
+        return Judgement(True, f"the same features alone and in the batch (tolerance {bound})",
+                         measured=measured, bound=bound, **where)
+    assert ctx.more_evidence is not None and ctx.alone is not None, "the batch evidence is needed"
+    _, together, golden_batch = ctx.more_evidence()
+    solo = ctx.alone(batch)
+    found = (f"{tuple(inside.shape)} draft features inside the batch, {tuple(alone.shape)} alone"
+             if inside.shape != alone.shape else
+             f"{bad}/{total} tokens off, worst relative error {worst:.3g} (tolerance {bound})")
+    diag = diagnose_batch_leak(together, solo, golden_batch, ctx.training_boundaries, dtype=ctx.dtype,
+                               engine_convention=ctx.engine_convention, config_ids=ctx.config_ids,
+                               found=found)
+    return Judgement(False, f"probe prompt {probe} gets different draft features at batch position "
+                            f"{position} of {len(batch)} (companion lengths {list(companion_lengths)}): "
+                            f"{found}" + ("; the engine's padding/packing leaks into the aux states"
+                                          if diag.kind in ("batch_dependent", "request_mixed") else "")
+                     + f". {diag.message}", measured=measured, bound=bound, diagnosis=diag, **where)
