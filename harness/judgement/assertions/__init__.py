@@ -16,7 +16,7 @@ common base; checks import the helpers from here.
 from __future__ import annotations
 
 from harness.judgement.assertions.base import crash_failure, require
-from harness.judgement.assertions.canary import assert_canary_accepts, canary_line
+from harness.judgement.assertions.canary import assert_canary_accepts, canary_line, judge_canary
 from harness.judgement.assertions.capture import (
     CaptureContext,
     assert_capture_matches,
@@ -46,8 +46,11 @@ from harness.judgement.assertions.generation import (
     near_tie_bound,
 )
 from harness.judgement.assertions.layer_ids import assert_convention_as_declared, assert_fix_holds
-from harness.judgement.assertions.throughput import assert_speedup_consistent
+from harness.judgement.assertions.throughput import (
+    assert_speedup_consistent,
+    judge_speedup_consistent,
+)
 from harness.judgement.verdict import Judgement, fail, failure
 from harness.reports.report import ConformanceFailure
 
-__all__ = ['CaptureContext', 'ConformanceFailure', 'Judgement', 'assert_canary_accepts', 'canary_line', 'assert_capture_matches', 'assert_capture_matches_oracle', 'assert_convention_as_declared', 'assert_decode_inputs_match', 'assert_fc_matches', 'assert_fix_holds', 'assert_history_independent', 'assert_speedup_consistent', 'batch_leaks', 'diagnose_batch_leak', 'crash_failure', 'divergence', 'fail', 'failure', 'fc_allowances', 'judge_batch_invariance', 'judge_capture', 'judge_capture_oracle', 'judge_decode_inputs', 'judge_drafted_vocab', 'judge_fc', 'judge_generation_batch_invariance', 'judge_lossless', 'near_tie_bound', 'require', 'worst_tokens']
+__all__ = ['CaptureContext', 'ConformanceFailure', 'Judgement', 'assert_canary_accepts', 'canary_line', 'assert_capture_matches', 'assert_capture_matches_oracle', 'assert_convention_as_declared', 'assert_decode_inputs_match', 'assert_fc_matches', 'assert_fix_holds', 'assert_history_independent', 'assert_speedup_consistent', 'batch_leaks', 'diagnose_batch_leak', 'crash_failure', 'divergence', 'fail', 'failure', 'fc_allowances', 'judge_batch_invariance', 'judge_canary', 'judge_capture', 'judge_capture_oracle', 'judge_decode_inputs', 'judge_drafted_vocab', 'judge_fc', 'judge_generation_batch_invariance', 'judge_lossless', 'judge_speedup_consistent', 'near_tie_bound', 'require', 'worst_tokens']
