@@ -127,7 +127,7 @@ def _evidence(ctx: CaptureContext, features: Sequence[torch.Tensor], golden: Seq
 
 def judge_capture(ctx: CaptureContext, *, features: Sequence[torch.Tensor],
                   golden: Sequence[TargetFeatures], prompts: Prompts,
-                  envelopes: Sequence[Envelope] | None = None) -> Judgement:
+                  envelopes: Sequence[Envelope] | None = None, verdict_only: bool = False) -> Judgement:
     """Did the engine hand the draft, slot by slot and token by token, what training used?
     (`ctx`: which boundaries, which dtype, who served them, and the diagnosis' extra evidence.)
 
@@ -143,7 +143,8 @@ def judge_capture(ctx: CaptureContext, *, features: Sequence[torch.Tensor],
     one pass. Only a reduced-precision pass is screened first (its diagnosis records which
     boundaries the slots hold, and one whose labels are not as trained is read on all the
     evidence as before). Non-finite features fail at once (harness.judgement.finite): there
-    is nothing to compare."""
+    is nothing to compare. `verdict_only`: pass or fail and nothing else, neither worded nor
+    diagnosed (the decode check words a failed feed from its prefill where that fails too)."""
     training_boundaries, dtype = ctx.training_boundaries, ctx.dtype
     where = {**ctx.where, "prompts": prompts}
     nan = finite_judgement("the aux features the engine handed the draft", features)
@@ -175,6 +176,10 @@ def judge_capture(ctx: CaptureContext, *, features: Sequence[torch.Tensor],
     # the reduced-precision judgement failed a capture whose labels may all be as trained: the
     # diagnosis still looks for the fitted causes
     judged_off = found is not None and not found.ok
+    if verdict_only:
+        passed = as_trained and not off and not judged_off
+        return Judgement(passed, f"the capture is {'' if passed else 'not '}as trained (verdict only)",
+                         **where)
     diagnose = partial(diagnose_capture, training_boundaries=training_boundaries,
                        engine_convention=ctx.engine_convention, config_ids=ctx.config_ids,
                        rtol=tol.rtol, separation=tol.separation, judged_off=judged_off)

@@ -91,8 +91,9 @@ def judge_decode_inputs(ctx: CaptureContext, *, decode: DecodeInputs, oracle: Or
                              measured=shift.named, bound="each row at its own position", diagnosis=diag,
                              prompts=prompts, **ctx.where)
     envelopes = precision.envelopes(oracle, sequences, ctx.dtype, [x.shape[0] for x in rows])
-    whole = judge_capture(ctx, features=rows, golden=golden, prompts=prompts, envelopes=envelopes)
-    if whole.failure is None:
+    whole = judge_capture(ctx, features=rows, golden=golden, prompts=prompts, envelopes=envelopes,
+                          verdict_only=True)
+    if whole.passed:
         return whole
     # pass/fail is the whole feed's; the cause is named from the prefill's rows where they are
     # wrong already: they are the capture of one forward, which the capture diagnosis reads (a
@@ -106,11 +107,12 @@ def judge_decode_inputs(ctx: CaptureContext, *, decode: DecodeInputs, oracle: Or
     n = sum(x.shape[0] for x in rows)
     if prefill.failure is not None:
         why, named = f"({n} rows): the prefill's feed is already not training's: {prefill.failure}", prefill
-    else:
+    else:  # only now is the whole feed's failure worded and diagnosed
+        whole = judge_capture(ctx, features=rows, golden=golden, prompts=prompts, envelopes=envelopes)
         why, named = (f"(the prefill and the re-feeds after every verify round, {n} rows): "
                       f"{whole.failure}"), whole
     # the capture judgement's failure already ends with its reproducer
-    return Judgement(False, f"decode-time feeds {why}", measured=whole.measured, bound=whole.bound,
+    return Judgement(False, f"decode-time feeds {why}", measured=named.measured, bound=named.bound,
                      diagnosis=next(iter(named.diagnoses), None), reproduce=False)
 
 

@@ -1,6 +1,7 @@
-"""Greedy divergence between two generations, excused only at a near-tie of the target's
-logits that precision can flip; the losslessness and generation batch-invariance judgements
-built on it.
+"""The judgements of what an engine generates: greedy divergence between two generations,
+excused only at a near-tie of the target's logits that precision can flip, and the
+losslessness and generation batch-invariance judgements built on it; the drafted tokens
+inside the draft vocabulary.
 """
 
 from __future__ import annotations
