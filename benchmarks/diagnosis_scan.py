@@ -34,7 +34,7 @@ from pathlib import Path
 
 import torch
 
-from harness.core.tolerances import DTYPES, tolerance_for
+from harness.core.tolerances import DTYPES
 from harness.diagnosis.record import CAPTURE_KINDS, VALUE_KINDS, Diagnosis
 from harness.engines.base import EngineOptions
 from harness.engines.heldout import HELDOUT
@@ -45,6 +45,7 @@ from harness.golden.oracle import Oracle
 from harness.golden.paths import default_bundle_path
 from harness.judgement.acceptance import explain_shortfall, golden_traces
 from harness.judgement.assertions import batch_leaks, diagnose_batch_leak
+from harness.judgement.precision import leak_evidence
 from harness.tools.mutant_scan import (
     Served,
     bundle_drafts,
@@ -67,8 +68,7 @@ def _batch_cell(oracle: Oracle, cls: type[ReferenceEngine], served: Served, dtyp
     finally:
         engine.close()
     golden = [oracle.features(p) for p in batch]
-    leaks = [batch_leaks(x, y, dtype=dtype, golden=g, envelope=None if tolerance_for(dtype).strict
-                         else oracle.envelope(p, dtype))[0]
+    leaks = [batch_leaks(x, y, dtype=dtype, golden=g, envelope=leak_evidence(oracle, p, dtype)[1])[0]
              for x, y, g, p in zip(together, solo, golden, batch, strict=True)]
     if not any(leaks):
         return "PASS", None

@@ -32,7 +32,8 @@ from harness.golden.bundle import load_bundle
 from harness.golden.features import TargetFeatures
 from harness.golden.oracle import Oracle
 from harness.golden.paths import default_bundle_path
-from harness.judgement.assertions import ConformanceFailure, assert_capture_matches
+from harness.judgement.assertions import CaptureContext, ConformanceFailure, assert_capture_matches
+from harness.judgement.precision import is_reduced
 
 GRID = [2.0 ** -k for k in range(12, -1, -1)]  # 1/4096 .. 1
 
@@ -56,10 +57,10 @@ def fails(oracle: Oracle, draft: str, dtype: str, member: str, how: str, amount:
     features = [_slots(e.members[member], list(spec.boundaries), how, amount) for e in envelopes]
     try:
         assert_capture_matches(
-            features=features, golden=[oracle.features(p) for p in prompts],
-            training_boundaries=spec.boundaries, dtype=dtype, engine_name=f"{member}+{how}",
-            engine_convention=None, config_ids=spec.layer_ids, draft=draft, prompts=prompts,
-            check="envelope_power", envelopes=[e.without(member) for e in envelopes])
+            CaptureContext(training_boundaries=spec.boundaries, config_ids=spec.layer_ids, dtype=dtype,
+                           engine_name=f"{member}+{how}", draft=draft, check="envelope_power"),
+            features=features, golden=[oracle.features(p) for p in prompts], prompts=prompts,
+            envelopes=[e.without(member) for e in envelopes])
     except ConformanceFailure as failure:
         return True, failure.diagnoses[0].kind if failure.diagnoses else "?"
     return False, "ok"
@@ -68,7 +69,7 @@ def fails(oracle: Oracle, draft: str, dtype: str, member: str, how: str, amount:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--bundle", type=Path, default=default_bundle_path())
-    ap.add_argument("--dtype", choices=[d for d in DTYPES if d != "float32"], default="bfloat16")
+    ap.add_argument("--dtype", choices=[d for d in DTYPES if is_reduced(d)], default="bfloat16")
     ap.add_argument("--member", default="all-reduced", help="the envelope member used as the engine")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()

@@ -47,12 +47,14 @@ from harness.judgement.acceptance import (
     same_dtype_acceptance,
 )
 from harness.judgement.assertions import (
+    CaptureContext,
     ConformanceFailure,
     assert_capture_matches,
     assert_fc_matches,
     batch_leaks,
     divergence,
 )
+from harness.judgement.precision import is_reduced, reference_fc, trace_allowance
 from harness.models.variants import implementation as variant
 from harness.run.strategies import SPECIAL_TOKENS
 
@@ -114,7 +116,6 @@ def run_draft(oracle: Oracle, draft: str, args: argparse.Namespace,
     dtype = args.dtype
     impl = variant(implementation or "transformers")
     device = impl.device if implementation else args.device
-    strict = tolerance_for(dtype).strict
     engine = ReferenceEngine(oracle.bundle.target_dir, oracle.bundle.draft_dir(draft),
                              EngineOptions(dtype=dtype, device=device, training_convention=spec.convention),
                              implementation=impl.name.partition("@")[0] if implementation else None)
@@ -125,19 +126,19 @@ def run_draft(oracle: Oracle, draft: str, args: argparse.Namespace,
     rng = random.Random(args.seed + 1 + part[0])
 
     def noise(p: list[int]) -> Envelope | None:
-        if strict:
+        if not is_reduced(dtype):
             return None
         env = oracle.envelope(p, dtype)
         return env.without(left_out) if left_out in env.members else env
 
+    ctx = CaptureContext(training_boundaries=spec.boundaries, config_ids=spec.layer_ids, dtype=dtype,
+                         engine_name=engine.name, draft=draft, check="test_capture_drawn_prompts")
     try:
         for i, p in enumerate(prompts):
             cap = engine.capture([p])
             diag = tally.judge("capture", [p], lambda cap=cap, p=p: assert_capture_matches(
-                features=cap.features, golden=[oracle.features(p)], training_boundaries=spec.boundaries,
-                dtype=dtype, engine_name=engine.name, engine_convention=None, config_ids=spec.layer_ids,
-                draft=draft, prompts=[p], check="test_capture_drawn_prompts",
-                envelopes=None if strict else [noise(p)]))
+                ctx, features=cap.features, golden=[oracle.features(p)], prompts=[p],
+                envelopes=[noise(p)] if is_reduced(dtype) else None))
             if diag is not None and "precision" in diag.details:
                 tally.ambiguous_tokens += diag.details["precision"]["ambiguous"]
                 tally.tie_tokens += diag.details["precision"]["routing_tie"]
@@ -150,7 +151,7 @@ def run_draft(oracle: Oracle, draft: str, args: argparse.Namespace,
                 fc_out=cap.fc_out, features=cap.features, expected=[oracle.fc(draft, f)], dtype=dtype,
                 draft_hidden=engine.draft.cfg.hidden_size, norm_before_fc=engine.draft.cfg.norm_before_fc,
                 fc_norm=engine.draft.cfg.fc_norm, engine_name=engine.name, draft=draft, prompts=[p],
-                same_dtype=None if strict else [oracle.reference_fc(draft, f, dtype, without=left_out)]))
+                same_dtype=reference_fc(oracle, draft, [f], dtype, without=left_out)))
             companions = rng.sample(everything, rng.randint(0, 7))
             pos = rng.randint(0, len(companions))
             batch = companions[:pos] + [p] + companions[pos:]
@@ -183,12 +184,9 @@ def run_draft(oracle: Oracle, draft: str, args: argparse.Namespace,
             gen = engine.generate(pinned, n, True)
             want = acceptance_from_traces(golden_traces(oracle, draft), spec.num_draft_tokens)
             got = gen.acceptance.mean_acceptance_length
-            tol = tolerance_for(dtype)
-            allowed = tol.trace * want.mean_acceptance_length
             gap = abs(got - want.mean_acceptance_length)
-            if gap > allowed and not tol.strict:
-                own = same_dtype_acceptance(oracle, draft, engine.options, pinned, n)
-                allowed += tol.noise_factor * abs(own - want.mean_acceptance_length)
+            allowed, _ = trace_allowance(want.mean_acceptance_length, gap, dtype, lambda: same_dtype_acceptance(
+                oracle, draft, engine.options, pinned, n))
             if gap > allowed:
                 raise ConformanceFailure(f"acceptance {got:.3f} vs golden {want.mean_acceptance_length:.3f}", [])
 

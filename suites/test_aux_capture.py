@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from harness.engines.base import Capability, Engine
 from harness.golden.bundle import DraftSpec
 from harness.golden.oracle import Oracle
-from harness.judgement.assertions import assert_capture_matches_oracle, require
+from harness.judgement.assertions import CaptureContext, assert_capture_matches_oracle, require
 from harness.run.strategies import prompts
 
 
@@ -17,15 +17,12 @@ def _check(engine: Engine, oracle: Oracle, spec: DraftSpec, draft_name: str,
            batch: list[list[int]], check: str, report=None, context: bool = False) -> None:
     capture = engine.capture(batch)
     pinned = oracle.pinned_prompts
-    diag = assert_capture_matches_oracle(
-        features=capture.features, oracle=oracle, prompts=batch, dtype=engine.options.dtype,
-        device=engine.options.device,
-        training_boundaries=spec.boundaries, engine_name=engine.name,
-        engine_convention=engine.convention, config_ids=spec.layer_ids, draft=draft_name, check=check,
-        pipeline_stages=getattr(engine, "pipeline_stages", None),
+    ctx = CaptureContext.for_engine(
+        engine, spec, draft_name, check, pipeline_stages=getattr(engine, "pipeline_stages", None),
         alone=lambda some: [engine.capture([p]).features[0] for p in some],
-        context=(lambda: (pinned, engine.capture(pinned).features, [oracle.features(p) for p in pinned]))
+        more_evidence=(lambda: (pinned, engine.capture(pinned).features, [oracle.features(p) for p in pinned]))
         if context else None)
+    diag = assert_capture_matches_oracle(ctx, features=capture.features, oracle=oracle, prompts=batch)
     if report is not None:
         report.metric(draft_name, "capture_worst_rel_error",
                       max((s.rel_error for s in diag.slots), default=0.0))

@@ -7,13 +7,15 @@ from __future__ import annotations
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from harness.core.tolerances import tolerance_for
-from harness.diagnosis.record import Diagnosis
 from harness.engines.base import Capability, Engine
 from harness.golden.bundle import DraftSpec
 from harness.golden.oracle import Oracle
-from harness.judgement.assertions import batch_leaks, diagnose_batch_leak, divergence, fail, require
-from harness.judgement.finite import assert_finite
+from harness.judgement.assertions import (
+    CaptureContext,
+    judge_batch_invariance,
+    judge_generation_batch_invariance,
+    require,
+)
 from harness.run.strategies import BatchShape, batch_shapes
 
 
@@ -35,31 +37,15 @@ def test_capture_batch_invariant(engine: Engine, oracle: Oracle, draft_name: str
     alone = engine.capture([probe]).features[0]
     batch = _batch(oracle, shape, probe)
     inside = engine.capture(batch).features[shape.position]
-    assert_finite("the aux features the engine handed the draft", [alone, inside])
-    dtype = engine.options.dtype
-    tol = tolerance_for(dtype)
-    bad = total = 0
-    worst, bound = 0.0, ""
-    if inside.shape == alone.shape:
-        bad, total, worst, bound = batch_leaks(
-            inside, alone, dtype=dtype, golden=None if tol.strict else oracle.features(probe),
-            envelope=None if tol.strict else oracle.envelope(probe, dtype))
-    if inside.shape != alone.shape or bad:
-        # the evidence for the cause: every member of the batch captured alone and in it
-        together = engine.capture(batch).features
-        solo = [engine.capture([p]).features[0] for p in batch]
-        found = (f"{tuple(inside.shape)} draft features inside the batch, {tuple(alone.shape)} alone"
-                 if inside.shape != alone.shape else
-                 f"{bad}/{total} tokens off, worst relative error {worst:.3g} (tolerance {bound})")
-        diag = diagnose_batch_leak(together, solo, [oracle.features(p) for p in batch],
-                                   spec.boundaries, dtype=dtype, engine_convention=engine.convention,
-                                   config_ids=spec.layer_ids, found=found)
-        fail(f"probe prompt {probe} gets different draft features at batch position "
-             f"{shape.position} of {shape.size} (companion lengths {list(shape.companion_lengths)}): "
-             f"{found}" + ("; the engine's padding/packing leaks into the aux states"
-                           if diag.kind in ("batch_dependent", "request_mixed") else "")
-             + f". {diag.message}",
-             draft=draft_name, engine_name=engine.name, prompts=batch, diagnoses=[diag])
+    # the evidence for the cause, asked for only on a failure: every member of the batch
+    # captured in it and alone
+    ctx = CaptureContext.for_engine(
+        engine, spec, draft_name, "test_capture_batch_invariant",
+        more_evidence=lambda: (batch, engine.capture(batch).features, [oracle.features(p) for p in batch]),
+        alone=lambda some: [engine.capture([p]).features[0] for p in some])
+    judge_batch_invariance(ctx, inside=inside, alone=alone, probe=probe, batch=batch,
+                           position=shape.position, companion_lengths=shape.companion_lengths,
+                           oracle=oracle).verdict()
 
 
 @SETTINGS
@@ -71,14 +57,7 @@ def test_generation_batch_invariant(engine: Engine, oracle: Oracle, draft_name: 
     alone = generate(engine, [probe], 16, True).tokens[0]
     batch = _batch(oracle, shape, probe)
     inside = generate(engine, batch, 16, True).tokens[shape.position]
-    _, failure = divergence(oracle, probe, inside, alone, engine.options.dtype, engine.options.device)
-    if failure:
-        text = (f"greedy speculative output of a prompt changes with its batch (position "
-                f"{shape.position} of {shape.size}, companion lengths {list(shape.companion_lengths)}): "
-                f"{failure}")
-        diag = Diagnosis(kind="batch_dependent", message=f"{text}; root cause: batch-dependent "
-                         "generation — the same prompt decodes differently alone and in a batch, "
-                         "beyond the fp32 near-tie noise (the evidence: the first differing token)",
-                         engine_boundaries=[], training_boundaries=[], suggested_layer_ids=None,
-                         details={"position": shape.position, "batch_size": shape.size})
-        fail(text, draft=draft_name, engine_name=engine.name, prompts=batch, diagnoses=[diag])
+    judge_generation_batch_invariance(
+        oracle, probe, inside, alone, batch=batch, position=shape.position, size=shape.size,
+        companion_lengths=shape.companion_lengths, dtype=engine.options.dtype,
+        device=engine.options.device, draft=draft_name, engine_name=engine.name).verdict()

@@ -9,7 +9,7 @@ from __future__ import annotations
 from harness.engines.base import Capability, Engine
 from harness.golden.bundle import DraftSpec
 from harness.golden.oracle import Oracle
-from harness.judgement.assertions import assert_decode_inputs_match, require
+from harness.judgement.assertions import CaptureContext, assert_decode_inputs_match, require
 
 
 def test_decode_inputs_match_training(engine: Engine, oracle: Oracle, spec: DraftSpec,
@@ -19,7 +19,5 @@ def test_decode_inputs_match_training(engine: Engine, oracle: Oracle, spec: Draf
     prompts = oracle.pinned_prompts
     decode = engine.decode_inputs(prompts, int(oracle.bundle.manifest["prompts"]["continuation_len"]))
     assert_decode_inputs_match(
-        decode=decode, oracle=oracle, prompts=prompts, training_boundaries=spec.boundaries,
-        dtype=engine.options.dtype, device=engine.options.device, engine_name=engine.name,
-        engine_convention=engine.convention, config_ids=spec.layer_ids, draft=draft_name,
-        check="test_decode_inputs_match_training")
+        CaptureContext.for_engine(engine, spec, draft_name, "test_decode_inputs_match_training"),
+        decode=decode, oracle=oracle, prompts=prompts)

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from harness.core.tolerances import tolerance_for
 from harness.engines.base import Capability, Engine
 from harness.golden.oracle import Oracle
 from harness.judgement.assertions import assert_fc_matches, fail, require
 from harness.judgement.finite import assert_finite
+from harness.judgement.precision import reference_fc
 
 
 def test_fc_output_matches_training(engine: Engine, oracle: Oracle, draft_name: str) -> None:
@@ -32,6 +32,4 @@ def test_fc_output_matches_training(engine: Engine, oracle: Oracle, draft_name: 
                       dtype=engine.options.dtype, draft_hidden=draft.cfg.hidden_size,
                       norm_before_fc=draft.cfg.norm_before_fc, fc_norm=draft.cfg.fc_norm,
                       engine_name=engine.name, draft=draft_name, prompts=batch,
-                      same_dtype=None if tolerance_for(engine.options.dtype).strict else
-                      [oracle.reference_fc(draft_name, f, engine.options.dtype)
-                       for f in capture.features])
+                      same_dtype=reference_fc(oracle, draft_name, capture.features, engine.options.dtype))

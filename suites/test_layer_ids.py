@@ -60,10 +60,11 @@ from harness.golden.bundle import Bundle, DraftSpec
 from harness.golden.draft_factory import FORMATS, NESTED, DraftFactory
 from harness.golden.oracle import Oracle
 from harness.judgement.assertions import (
+    CaptureContext,
     ConformanceFailure,
-    assert_capture_matches_oracle,
     assert_convention_as_declared,
     assert_fix_holds,
+    judge_capture_oracle,
     require,
 )
 from harness.judgement.lint import lint_draft
@@ -251,19 +252,19 @@ class ServedDrafts:
             return list(pinned), whole.features, [self.oracle.features(p) for p in pinned]
 
         try:
-            diag = assert_capture_matches_oracle(
-                features=out.features, oracle=self.oracle, prompts=batch, dtype=self.options.dtype,
-                device=self.options.device,
-                training_boundaries=list(trained), engine_name=self.engine_class.name,
-                engine_convention=self.engine_class.convention, config_ids=ids,
-                draft=f"ids {list(ids)} ({layout})", check=check, context=context,
+            ctx = CaptureContext(
+                training_boundaries=list(trained), config_ids=ids, dtype=self.options.dtype,
+                engine_name=self.engine_class.name, draft=f"ids {list(ids)} ({layout})", check=check,
+                engine_convention=self.engine_class.convention, more_evidence=context,
                 # rows are cut from one capture of the pinned batch: each prompt served on its
                 # own is the evidence that tells a batch-dependent capture from other causes
                 in_batch=True,
                 alone=lambda some: [self._engine(key).capture([p]).features[0] for p in some])
-            failure = None
-        except ConformanceFailure as f:
+            judged = judge_capture_oracle(ctx, features=out.features, oracle=self.oracle, prompts=batch)
+        except ConformanceFailure as f:  # a hung or crashed call, raised by the engine's wrapper
             diag, failure = f.diagnoses[0], f
+        else:
+            diag, failure = judged.diagnoses[0], judged.failure
         self.report.observe(Observation(slots=tuple(diag.engine_boundaries), **obs))
         return Served(ids, layout, diagnosis=diag, failure=failure)
 
@@ -329,12 +330,9 @@ def test_suggested_fix_verified(engine: Engine, oracle: Oracle, spec: DraftSpec,
     check = f"test_suggested_fix_verified[{draft_name}]"
     try:
         capture = engine.capture(batch)
-        diag = assert_capture_matches_oracle(
-            features=capture.features, oracle=oracle, prompts=batch, dtype=engine.options.dtype,
-            device=engine.options.device, training_boundaries=spec.boundaries, engine_name=engine.name,
-            engine_convention=engine.convention, config_ids=spec.layer_ids, draft=draft_name,
-            check=check)
-    except ConformanceFailure as failure:
+        diag = judge_capture_oracle(CaptureContext.for_engine(engine, spec, draft_name, check),
+                                    features=capture.features, oracle=oracle, prompts=batch).diagnoses[0]
+    except ConformanceFailure as failure:  # a hung call, raised by the engine's wrapper
         diag = failure.diagnoses[0]
     except EngineCrash as crash:
         diag = crash_diagnosis(str(crash), spec.layer_ids, oracle.bundle.hidden_size,

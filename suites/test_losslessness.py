@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from harness.engines.base import Capability, Engine
 from harness.golden.oracle import Oracle
-from harness.judgement.assertions import divergence, fail, require
+from harness.judgement.assertions import judge_lossless, require
 from harness.run.strategies import prompts as prompt_strategy
 
 
@@ -18,19 +18,12 @@ def assert_lossless(engine: Engine, oracle: Oracle, batch: list[list[int]], new_
                     generate, report=None, draft: str = "") -> None:
     spec = generate(engine, batch, new_tokens, True)
     plain = generate(engine, batch, new_tokens, False)
-    excused, failures = 0, []
-    for prompt, s, p in zip(batch, spec.tokens, plain.tokens, strict=True):
-        tie, failure = divergence(oracle, prompt, s, p, engine.options.dtype, engine.options.device)
-        excused += tie
-        if failure:
-            failures.append(failure + " (with vs without speculation)")
+    judged = judge_lossless(oracle, batch, spec.tokens, plain.tokens, engine.options.dtype,
+                            engine.options.device, draft=draft, engine_name=engine.name)
     if report is not None:
-        report.metric(draft, "lossless_excused_near_ties", excused)
+        report.metric(draft, "lossless_excused_near_ties", judged.measured["excused_near_ties"])
         report.metric(draft, "lossless_prompts", len(batch))
-    if failures:
-        fail(f"speculative output differs from greedy on {len(failures)}/{len(batch)} prompts "
-             f"({excused} near-ties excused): " + "; ".join(failures[:3]), draft=draft,
-             engine_name=engine.name, prompts=batch)
+    judged.verdict()
 
 
 def test_lossless_pinned_prompts(engine: Engine, oracle: Oracle, draft_name: str, report,

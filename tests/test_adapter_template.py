@@ -20,7 +20,7 @@ from harness.engines.base import EngineOptions
 from harness.golden.bundle import load_bundle
 from harness.golden.oracle import Oracle
 from harness.golden.paths import default_bundle_path
-from harness.judgement.assertions import ConformanceFailure, assert_capture_matches
+from harness.judgement.assertions import CaptureContext, ConformanceFailure, assert_capture_matches
 
 ROOT = Path(__file__).resolve().parents[1]
 TEMPLATE = ROOT / "examples" / "template_adapter.py"
@@ -65,11 +65,12 @@ def test_a_wrong_rule_fails_with_the_fix_in_the_adapters_own_convention() -> Non
         engine.close()
     spec = oracle.spec(draft)
     with pytest.raises(ConformanceFailure) as failed:
-        assert_capture_matches(features=capture.features, golden=[oracle.features(p) for p in prompts],
-                               training_boundaries=spec.boundaries, dtype="float32",
-                               engine_name="OffByOne", engine_convention=OffByOne.convention,
-                               config_ids=spec.layer_ids, draft=draft, prompts=prompts,
-                               check="test_capture_pinned_prompts")
+        assert_capture_matches(CaptureContext(training_boundaries=spec.boundaries, config_ids=spec.layer_ids,
+                                              dtype="float32", engine_name="OffByOne", draft=draft,
+                                              check="test_capture_pinned_prompts",
+                                              engine_convention=OffByOne.convention),
+                               features=capture.features, golden=[oracle.features(p) for p in prompts],
+                               prompts=prompts)
     (diag,) = failed.value.diagnoses
     assert diag.kind == "offset" and diag.offset == -1
     assert diag.suggested_layer_ids == list(spec.boundaries)  # b = id: the ids are the boundaries
@@ -111,12 +112,12 @@ def test_the_reproducer_repeats_the_dotted_path_and_the_convention_prints_by_nam
     """A failure's reproducer must rerun the engine it failed on: for an adapter that is the
     --engine value given (`examples.template_adapter:TemplateEngine`), not its `name`
     ("template", which --engine refuses); an adapter's own convention prints as its name."""
-    from harness.judgement.assertions import base
+    from harness.judgement import verdict
 
-    monkeypatch.setattr(base, "_RUN_ENGINE", {})
-    assert "--engine template " in base.reproducer("template", "single-aux", check="c")
-    base.set_run_engine("examples.template_adapter:TemplateEngine")
-    line = base.reproducer(TemplateEngine.name, "single-aux", check="c")
+    monkeypatch.setattr(verdict, "_RUN_ENGINE", {})
+    assert "--engine template " in verdict.reproducer("template", "single-aux", check="c")
+    verdict.set_run_engine("examples.template_adapter:TemplateEngine")
+    line = verdict.reproducer(TemplateEngine.name, "single-aux", check="c")
     assert "--engine examples.template_adapter:TemplateEngine --draft single-aux -k c" in line, line
     assert f"{TEMPLATE_CONVENTION}" == "template-engine"
 

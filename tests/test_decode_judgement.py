@@ -12,7 +12,11 @@ import torch
 
 from harness.engines.base import DecodeInputs, DraftFeed
 from harness.golden.features import TargetFeatures, aux_features, target_features
-from harness.judgement.assertions import assert_decode_inputs_match, assert_history_independent
+from harness.judgement.assertions import (
+    CaptureContext,
+    assert_decode_inputs_match,
+    assert_history_independent,
+)
 from harness.models.target import build_target, target_config_dict
 from harness.reports.report import ConformanceFailure
 
@@ -61,9 +65,9 @@ def _feeds(oracle, prompt, tokens, *, late=False, step_shift=0, drift=0, start=0
 
 
 def _judge(oracle, decode: DecodeInputs) -> None:
-    assert_decode_inputs_match(decode=decode, oracle=oracle, prompts=PROMPTS, training_boundaries=BOUNDARIES,
-                               dtype="float32", device="cpu", engine_name="test", engine_convention=None,
-                               config_ids=[1, 3, 4], draft="d", check="test")
+    ctx = CaptureContext(training_boundaries=BOUNDARIES, config_ids=[1, 3, 4], dtype="float32",
+                         engine_name="test", draft="d", check="test")
+    assert_decode_inputs_match(ctx, decode=decode, oracle=oracle, prompts=PROMPTS)
 
 
 def _fails(oracle, decode: DecodeInputs) -> ConformanceFailure:

@@ -221,16 +221,18 @@ def test_judge_fc_names_skip_and_wrong_projection(golden):
         expected = [fc(f) for f in feats]
     flags = {"draft_hidden": fc.out_features, "norm_before_fc": False, "fc_norm": False}
     ok = judge_fc(expected, feats, expected, 1e-3, **flags)
-    assert ok.ok and ok.diagnosis is None and ok.total == sum(f.shape[0] for f in feats)
+    assert ok.passed and ok.diagnosis is None and ok.measured["tokens"] == sum(f.shape[0] for f in feats)
     raw = [f[:, fc.out_features:2 * fc.out_features] for f in feats]
     skipped = judge_fc(raw, feats, expected, 1e-3, **flags)
     assert skipped.diagnosis is not None and skipped.diagnosis.kind == "fc_skipped"
-    assert "aux slot 1 unprojected" in skipped.message and skipped.bad == skipped.total
+    assert "aux slot 1 unprojected" in skipped.why
+    assert skipped.measured["tokens_off"] == skipped.measured["tokens"]
     one_token = [e.clone() for e in expected]
     one_token[0][-1] *= 1.5
     wrong = judge_fc(one_token, feats, expected, 1e-3, **flags)
     assert wrong.diagnosis is not None and wrong.diagnosis.kind == "fc_wrong"
-    assert wrong.bad == 1 and "on 1/" in wrong.message
+    assert wrong.measured["tokens_off"] == 1 and "on 1/" in wrong.why
+    assert wrong.failure is not None and wrong.failure.diagnoses == [wrong.diagnosis]
 
 
 def test_ids_ignored_engine_fell_back_to_its_defaults(golden):

@@ -29,6 +29,7 @@ from harness.engines.reference import ReferenceEngine
 from harness.engines.zoo import D2tAbsolute, FcOnRecurrentState, IdsMinusOne
 from harness.judgement.acceptance import explain_shortfall, golden_traces
 from harness.judgement.assertions import (
+    CaptureContext,
     ConformanceFailure,
     assert_capture_matches_oracle,
     batch_leaks,
@@ -60,12 +61,12 @@ def _capture_diagnosis(cls: type[ReferenceEngine], draft: Served) -> Diagnosis:
     try:
         prompts = oracle.pinned_prompts
         with pytest.raises(ConformanceFailure) as failed:
-            assert_capture_matches_oracle(
-                features=engine.capture(prompts).features, oracle=oracle, prompts=prompts,
-                dtype="float32", device="cpu", training_boundaries=list(draft.boundaries),
-                engine_name=cls.__name__, engine_convention=engine.convention,
-                config_ids=list(draft.layer_ids), draft=draft.name, check="margins", in_batch=True,
-                alone=lambda some: [engine.capture([p]).features[0] for p in some])
+            ctx = CaptureContext(training_boundaries=list(draft.boundaries), config_ids=list(draft.layer_ids),
+                                 dtype="float32", engine_name=cls.__name__, draft=draft.name,
+                                 check="margins", engine_convention=engine.convention, in_batch=True,
+                                 alone=lambda some: [engine.capture([p]).features[0] for p in some])
+            assert_capture_matches_oracle(ctx, features=engine.capture(prompts).features, oracle=oracle,
+                                          prompts=prompts)
     finally:
         engine.close()
     (diag,) = failed.value.diagnoses
@@ -167,10 +168,10 @@ def test_a_failed_batch_invariance_check_never_says_ok() -> None:
     golden = [oracle.features(p) for p in batch]
     # the capture check itself passes both ways: the bug is invisible to it
     for features in (together, solo):
-        assert_capture_matches_oracle(features=features, oracle=oracle, prompts=batch, dtype="float32",
-                                      device="cpu", training_boundaries=spec.boundaries,
-                                      engine_name="heldout", engine_convention=None,
-                                      config_ids=spec.layer_ids, draft=draft.name, check="margins")
+        assert_capture_matches_oracle(
+            CaptureContext(training_boundaries=spec.boundaries, config_ids=spec.layer_ids, dtype="float32",
+                           engine_name="heldout", draft=draft.name, check="margins"),
+            features=features, oracle=oracle, prompts=batch)
     bad, total, worst, bound = batch_leaks(together[0], solo[0], dtype="float32")
     assert bad > 0, f"batch against alone: {bad}/{total} tokens beyond {bound} (worst {worst:.3g}), expected > 0"
     diag = diagnose_batch_leak(together, solo, golden, spec.boundaries, dtype="float32",

@@ -21,6 +21,7 @@ from harness.engines.base import EngineCrash, EngineOptions
 from harness.engines.reference import ReferenceEngine
 from harness.engines.zoo import CaptureMissingRank, CaptureShard
 from harness.judgement.assertions import (
+    CaptureContext,
     ConformanceFailure,
     assert_capture_matches_oracle,
     crash_failure,
@@ -86,11 +87,10 @@ def test_without_a_declared_pipeline_fewer_slots_are_no_pipeline_claim() -> None
 def _judge(features: list[torch.Tensor], draft: str, **declared: Any) -> ConformanceFailure:
     oracle = committed_oracle()
     spec = oracle.bundle.draft(draft)
+    ctx = CaptureContext(training_boundaries=spec.boundaries, config_ids=spec.layer_ids, dtype="float32",
+                         engine_name="adapter", draft=draft, check="test_capture_pinned_prompts", **declared)
     with pytest.raises(ConformanceFailure) as failed:
-        assert_capture_matches_oracle(
-            features=features, oracle=oracle, prompts=_prompts(), dtype="float32", device="cpu",
-            training_boundaries=spec.boundaries, engine_name="adapter", engine_convention=None,
-            config_ids=spec.layer_ids, draft=draft, check="test_capture_pinned_prompts", **declared)
+        assert_capture_matches_oracle(ctx, features=features, oracle=oracle, prompts=_prompts())
     return failed.value
 
 
@@ -128,11 +128,11 @@ def test_the_reference_passes_with_a_declared_pipeline() -> None:
     """A correct capture is unaffected by the declaration (the fingerprint reads widths only)."""
     oracle = committed_oracle()
     spec = oracle.bundle.draft("specforge-default")
-    diag = assert_capture_matches_oracle(
-        features=_reported(ReferenceEngine, "specforge-default"), oracle=oracle, prompts=_prompts(),
-        dtype="float32", device="cpu", training_boundaries=spec.boundaries, engine_name="reference",
-        engine_convention=None, config_ids=spec.layer_ids, draft="specforge-default",
-        check="test_capture_pinned_prompts", pipeline_stages=(0, 4))
+    ctx = CaptureContext(training_boundaries=spec.boundaries, config_ids=spec.layer_ids, dtype="float32",
+                         engine_name="reference", draft="specforge-default",
+                         check="test_capture_pinned_prompts", pipeline_stages=(0, 4))
+    diag = assert_capture_matches_oracle(ctx, features=_reported(ReferenceEngine, "specforge-default"),
+                                         oracle=oracle, prompts=_prompts())
     assert diag.kind == "ok", diag.message
 
 

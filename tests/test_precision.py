@@ -27,8 +27,10 @@ from harness.golden.features import TargetFeatures, relative_errors
 from harness.golden.oracle import Oracle
 from harness.golden.paths import default_bundle_path
 from harness.judgement.assertions import (
+    CaptureContext,
     ConformanceFailure,
     assert_capture_matches,
+    assert_capture_matches_oracle,
     assert_fc_matches,
     batch_leaks,
     near_tie_bound,
@@ -63,12 +65,10 @@ def _engine(draft: str) -> ReferenceEngine:
 
 def _judge(features, prompt, draft, dtype="bfloat16", boundaries=None):
     o = _oracle()
-    return assert_capture_matches(
-        features=features, golden=[o.features(prompt)],
-        training_boundaries=boundaries or o.spec(draft).boundaries, dtype=dtype,
-        engine_name="reference", engine_convention=None, config_ids=o.spec(draft).layer_ids,
-        draft=draft, prompts=[prompt], check="test_precision",
-        envelopes=[o.envelope(prompt, dtype)] if dtype != "float32" else None)
+    ctx = CaptureContext(training_boundaries=boundaries or o.spec(draft).boundaries,
+                         config_ids=o.spec(draft).layer_ids, dtype=dtype, engine_name="reference",
+                         draft=draft, check="test_precision")
+    return assert_capture_matches_oracle(ctx, features=features, oracle=o, prompts=[prompt])
 
 
 @pytest.mark.parametrize(("draft", "prompt"), FALSE_ALARMS, ids=lambda v: str(v)[:24])
@@ -195,10 +195,10 @@ def test_missing_noise_floor_is_a_clear_error() -> None:
     prompt = [251]
     o = _oracle()
     with pytest.raises(ValueError, match=r"needs the bfloat16 precision envelope"):
-        assert_capture_matches(features=_bf16(prompt, [2, 4, 5]), golden=[o.features(prompt)],
-                               training_boundaries=(2, 4, 5), dtype="bfloat16", engine_name="x",
-                               engine_convention=None, config_ids=(1, 3, 4), draft="d",
-                               prompts=[prompt], check="c")
+        assert_capture_matches(CaptureContext(training_boundaries=(2, 4, 5), config_ids=(1, 3, 4),
+                                              dtype="bfloat16", engine_name="x", draft="d", check="c"),
+                               features=_bf16(prompt, [2, 4, 5]), golden=[o.features(prompt)],
+                               prompts=[prompt])
 
 
 def test_bf16_fc_is_judged_against_the_same_dtype_fc() -> None:
@@ -345,9 +345,9 @@ def test_one_boundary_off_is_caught_on_every_draft_inside_the_envelope(draft: st
     feats = torch.cat([state.boundaries[b - 1 if b > 0 else 1] for b in trained], -1)
     with pytest.raises(ConformanceFailure, match=r"not the training boundaries"):
         assert_capture_matches(
-            features=[feats], golden=[o.features(prompt)], training_boundaries=trained,
-            dtype="bfloat16", engine_name="x", engine_convention=None,
-            config_ids=o.spec(draft).layer_ids, draft=draft, prompts=[prompt], check="c",
+            CaptureContext(training_boundaries=trained, config_ids=o.spec(draft).layer_ids,
+                           dtype="bfloat16", engine_name="x", draft=draft, check="c"),
+            features=[feats], golden=[o.features(prompt)], prompts=[prompt],
             envelopes=[env.without("all-reduced")])
 
 

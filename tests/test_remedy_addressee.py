@@ -18,7 +18,11 @@ from golden_oracle import committed_oracle
 from examples.template_adapter import TemplateEngine
 from harness.diagnosis.record import Diagnosis
 from harness.engines.base import EngineOptions
-from harness.judgement.assertions import ConformanceFailure, assert_capture_matches_oracle
+from harness.judgement.assertions import (
+    CaptureContext,
+    ConformanceFailure,
+    assert_capture_matches_oracle,
+)
 from harness.models.residual import TargetStates
 from harness.reports.report import ReportCollector
 from harness.reports.report_md import render_markdown
@@ -49,10 +53,10 @@ def _diagnose(engine: Any, draft: str, convention: str | Any | None,
     spec = oracle.spec(draft)
     with pytest.raises(ConformanceFailure) as failed:
         assert_capture_matches_oracle(
-            features=engine.capture(prompts).features, oracle=oracle, prompts=prompts,
-            dtype="float32", device="cpu", training_boundaries=spec.boundaries,
-            engine_name=engine.name, engine_convention=convention, config_ids=spec.layer_ids,
-            draft=draft, check="addressee")
+            CaptureContext(training_boundaries=spec.boundaries, config_ids=spec.layer_ids, dtype="float32",
+                           engine_name=engine.name, draft=draft, check="addressee",
+                           engine_convention=convention),
+            features=engine.capture(prompts).features, oracle=oracle, prompts=prompts)
     (diag,) = failed.value.diagnoses
     return diag
 

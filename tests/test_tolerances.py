@@ -18,6 +18,7 @@ from harness.core.tolerances import (
     tolerance_for,
     tolerance_text,
 )
+from harness.judgement import precision
 from harness.judgement.assertions import divergence
 
 
@@ -36,7 +37,7 @@ def test_fp32_is_the_tightest_row() -> None:
 
 
 @pytest.mark.parametrize("read", [rtol_for, tolerance_for, lambda d: tolerance_text(d, 8),
-                                  lambda d: divergence(None, [1], [2], [3], d)])
+                                  lambda d: divergence(None, [1], [2], [3], d), precision.is_reduced])
 def test_unknown_dtype_is_a_clear_error_everywhere(read) -> None:
     with pytest.raises(UnknownDtypeError, match=r"no tolerance for dtype 'int8'; use one of float32"):
         read("int8")
@@ -51,3 +52,26 @@ def test_the_cli_offers_exactly_the_dtypes_with_bounds() -> None:
     run = build_parser()._subparsers._group_actions[0].choices["run"]  # type: ignore[union-attr]
     dtype = next(a for a in run._actions if a.dest == "dtype")
     assert tuple(dtype.choices) == DTYPES
+
+
+def test_the_precision_branch_is_taken_in_one_place() -> None:
+    """harness.judgement.precision decides fp32 against reduced precision for every check: fp32
+    is the one strict dtype, and there no same-dtype evidence is asked for (an envelope or a
+    reference-engine run costs seconds; fp32 has none to ask)."""
+    assert [d for d in DTYPES if not precision.is_reduced(d)] == ["float32"]
+    assert precision.traces_exact("float32") and not precision.traces_exact("bfloat16")
+    assert precision.allowance_floor() == rtol_for("float32")
+
+    def asked() -> float:
+        raise AssertionError("fp32 asked for same-dtype evidence")
+
+    assert precision.envelopes(None, [[1]], "float32") is None  # type: ignore[arg-type]
+    assert precision.leak_evidence(None, [1], "float32") == (None, None)  # type: ignore[arg-type]
+    assert precision.reference_fc(None, "d", [], "float32") is None  # type: ignore[arg-type]
+    assert precision.same_dtype_acceptance("float32", asked) is None
+    assert precision.trace_allowance(3.0, 1.0, "float32", asked) == (TOLERANCES["float32"].trace * 3.0, None)
+    bf16 = TOLERANCES["bfloat16"]
+    # reduced precision: the reference's own trace is measured only past the plain bound
+    assert precision.trace_allowance(3.0, 0.0, "bfloat16", asked) == (bf16.trace * 3.0, None)
+    allowed, own = precision.trace_allowance(3.0, 1.0, "bfloat16", lambda: 2.5)
+    assert own == 2.5 and allowed == pytest.approx(bf16.trace * 3.0 + bf16.noise_factor * 0.5)

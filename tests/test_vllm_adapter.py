@@ -209,7 +209,7 @@ def test_decode_inputs_are_the_drafters_feeds_in_place(engine, models: dict) -> 
     feed per propose, the prefill first, the verify rounds' padding rows dropped, every feed and
     drafted step at its sequence position, and the rows the boundaries vLLM reads the ids as
     (b = id), judged by the suite's own decode-input helper."""
-    from harness.judgement.assertions import assert_decode_inputs_match
+    from harness.judgement.assertions import CaptureContext, assert_decode_inputs_match
 
     prompts = PROMPTS
     decode = engine.decode_inputs(prompts, NEW_TOKENS)
@@ -218,8 +218,8 @@ def test_decode_inputs_are_the_drafters_feeds_in_place(engine, models: dict) -> 
         assert all(len(f.step_positions) == K - 1 for f in feeds[:-1])
     assert any(len(f.positions) > 1 for feeds in decode.feeds for f in feeds[1:]), \
         "the constant drafter's drafts are accepted, so some re-feed holds several rows"
-    assert_decode_inputs_match(decode=decode, oracle=_TinyOracle(models["target"], models["root"] / "target"),
-                               prompts=prompts,
-                               training_boundaries=list(AUX_IDS), dtype="bfloat16", device="cpu",
-                               engine_name="vllm", engine_convention="vllm", config_ids=list(AUX_IDS),
-                               draft="draft", check="test_decode_inputs_are_the_drafters_feeds_in_place")
+    ctx = CaptureContext(training_boundaries=list(AUX_IDS), config_ids=list(AUX_IDS), dtype="bfloat16",
+                         engine_name="vllm", draft="draft", engine_convention="vllm",
+                         check="test_decode_inputs_are_the_drafters_feeds_in_place")
+    assert_decode_inputs_match(ctx, decode=decode, oracle=_TinyOracle(models["target"], models["root"] / "target"),
+                               prompts=prompts)

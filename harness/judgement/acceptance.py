@@ -16,13 +16,16 @@ from harness.diagnosis.draft_side import fc_diagnosis
 from harness.diagnosis.record import Diagnosis
 from harness.engines.base import Acceptance, Capability, Engine, EngineOptions, Generation
 from harness.golden.oracle import Oracle
+from harness.judgement import precision
 from harness.judgement.assertions import (
-    ConformanceFailure,
-    assert_capture_matches,
-    assert_decode_inputs_match,
+    CaptureContext,
     fc_allowances,
+    judge_capture,
+    judge_decode_inputs,
     judge_fc,
 )
+from harness.judgement.precision import trace_allowance
+from harness.judgement.verdict import Judgement
 
 
 def acceptance_from_traces(traces: Sequence[Sequence[int]], k: int) -> Acceptance:
@@ -48,24 +51,18 @@ def explain_shortfall(engine: Engine, oracle: Oracle, draft: str, generation: Ge
                       golden: Sequence[Sequence[int]] | None) -> Diagnosis:
     """Name the likeliest cause of acceptance below training, from the cheapest evidence."""
     spec = oracle.spec(draft)
-    tol = tolerance_for(engine.options.dtype)
-    rtol = tol.rtol
+    rtol = tolerance_for(engine.options.dtype).rtol
     prompts = oracle.pinned_prompts
+    ctx = CaptureContext.for_engine(engine, spec, draft, "explain_shortfall")
     capture = engine.capture(prompts) if Capability.CAPTURE in engine.capabilities else None
     if capture is not None:
         # judged as the capture check judges it (in reduced precision: identity and the
         # precision envelope), so precision noise is never blamed for the shortfall
-        dtype = engine.options.dtype
-        try:
-            assert_capture_matches(
-                features=capture.features, golden=[oracle.features(p) for p in prompts],
-                training_boundaries=spec.boundaries, dtype=dtype, engine_name=engine.name,
-                engine_convention=engine.convention, config_ids=spec.layer_ids, draft=draft,
-                prompts=prompts, check="explain_shortfall",
-                envelopes=None if tol.strict else [oracle.envelope(p, dtype) for p in prompts])
-        except ConformanceFailure as failed:
-            if failed.diagnoses:
-                return failed.diagnoses[0]
+        judged = judge_capture(ctx, features=capture.features,
+                               golden=[oracle.features(p) for p in prompts], prompts=prompts,
+                               envelopes=precision.envelopes(oracle, prompts, ctx.dtype))
+        if not judged.passed and judged.diagnoses:
+            return judged.diagnoses[0]
     draft_model = oracle.draft(draft)
     if generation.proposed is not None:
         outside = [t for row in generation.proposed for t in row if not bool(draft_model.t2d[t])]
@@ -73,33 +70,26 @@ def explain_shortfall(engine: Engine, oracle: Oracle, draft: str, generation: Ge
             return vocab_map_diagnosis(engine, oracle, draft, prompts, outside)
     if capture is not None and capture.fc_out is not None:
         expected = [oracle.fc(draft, f) for f in capture.features]
-        allow = None if tol.strict else fc_allowances(
-            expected, [oracle.reference_fc(draft, f, engine.options.dtype)
-                       for f in capture.features], engine.options.dtype)
-        verdict = judge_fc(capture.fc_out, capture.features, expected, rtol,
-                           draft_hidden=draft_model.cfg.hidden_size,
-                           norm_before_fc=draft_model.cfg.norm_before_fc, fc_norm=draft_model.cfg.fc_norm,
-                           allowances=allow)
-        if not verdict.ok:
-            assert verdict.diagnosis is not None
-            return verdict.diagnosis
+        same_dtype = precision.reference_fc(oracle, draft, capture.features, engine.options.dtype)
+        allow = None if same_dtype is None else fc_allowances(expected, same_dtype, engine.options.dtype)
+        fc = judge_fc(capture.fc_out, capture.features, expected, rtol,
+                      draft_hidden=draft_model.cfg.hidden_size,
+                      norm_before_fc=draft_model.cfg.norm_before_fc, fc_norm=draft_model.cfg.fc_norm,
+                      allowances=allow)
+        if not fc.passed:
+            assert fc.diagnosis is not None
+            return fc.diagnosis
     new_tokens = int(oracle.bundle.manifest["prompts"]["continuation_len"])
     decode_verified = False
     if Capability.DECODE_INPUTS in engine.capabilities:
         # what the draft was fed after each verify round, positions included: the evidence
         # that tells a misaligned re-feed, shifted draft positions, a cache not rolled back
         # and state kept between requests apart (harness.diagnosis.decode)
-        try:
-            assert_decode_inputs_match(
-                decode=engine.decode_inputs(prompts, new_tokens), oracle=oracle, prompts=prompts,
-                training_boundaries=spec.boundaries, dtype=engine.options.dtype,
-                device=engine.options.device, engine_name=engine.name,
-                engine_convention=engine.convention, config_ids=spec.layer_ids, draft=draft,
-                check="explain_shortfall")
-            decode_verified = True
-        except ConformanceFailure as failed:
-            if failed.diagnoses:
-                return failed.diagnoses[0]
+        fed = judge_decode_inputs(ctx, decode=engine.decode_inputs(prompts, new_tokens),
+                                  oracle=oracle, prompts=prompts)
+        decode_verified = fed.passed
+        if not fed.passed and fed.diagnoses:
+            return fed.diagnoses[0]
     if golden is None and generation.traces is not None and Capability.GENERATE in engine.capabilities:
         # held-out prompts have no golden trace: judge the draft loop on the pinned ones, where
         # training's per-round trace is stored (seconds, and only once a check has failed)
@@ -119,6 +109,78 @@ def explain_shortfall(engine: Engine, oracle: Oracle, draft: str, generation: Ge
                      "vocabulary map match training; inspect the engine's draft loop (positions, "
                      "KV cache, sampling)", engine_boundaries=[], training_boundaries=list(spec.boundaries),
                      suggested_layer_ids=None)
+
+
+def judge_trace_exact(engine: Engine, oracle: Oracle, draft: str, generation: Generation,
+                      golden: Sequence[Sequence[int]], prompts: Sequence[Sequence[int]]) -> Judgement:
+    """fp32: the engine's per-round acceptance is the golden trace's, round by round (greedy chain
+    drafting is deterministic, so a bug that only bites after a rejection cannot fake it). The
+    shortfall is explained once, and only on a mismatch."""
+    traces = generation.traces or []
+    diffs = [(i, next(r for r in range(max(len(e), len(g))) if e[r:r + 1] != g[r:r + 1]))
+             for i, (e, g) in enumerate(zip(traces, golden, strict=True)) if e != g]
+    measured = {"prompts_differing": len(diffs), "prompts": len(golden)}
+    if not diffs:
+        return Judgement(True, "per-round acceptance equals the golden trace on every pinned prompt",
+                         measured=measured, bound="exact", draft=draft, engine_name=engine.name,
+                         prompts=prompts)
+    i, r = diffs[0]
+    diag = explain_shortfall(engine, oracle, draft, generation, golden)
+    return Judgement(False, f"per-round acceptance differs from the golden trace on {len(diffs)}/"
+                            f"{len(golden)} pinned prompts (fp32 must match exactly); first: prompt {i} "
+                            f"round {r}: engine {traces[i][:r + 1]} vs golden {golden[i][:r + 1]}. "
+                            f"{diag.message}",
+                     measured=measured, bound="exact", diagnosis=diag, draft=draft,
+                     engine_name=engine.name, prompts=[prompts[i]])
+
+
+def judge_golden_acceptance(engine: Engine, oracle: Oracle, draft: str, generation: Generation,
+                            golden: Sequence[Sequence[int]], prompts: Sequence[Sequence[int]],
+                            measured: Acceptance, expected: Acceptance,
+                            new_tokens: int) -> Judgement:
+    """The engine's mean acceptance length on the pinned prompts is the golden trace's, within the
+    dtype's `trace` bound (reduced precision: plus what the dtype moves the reference engine's own
+    trace on this device, measured only past the plain bound; `bound["same_dtype_reference"]`
+    holds it then, for the report). The shortfall is explained once, and only on a failure."""
+    k = engine.options.num_draft_tokens
+    dtype = engine.options.dtype
+    gap = abs(measured.mean_acceptance_length - expected.mean_acceptance_length)
+    allowed, own = trace_allowance(expected.mean_acceptance_length, gap, dtype,
+                                   lambda: same_dtype_acceptance(oracle, draft, engine.options, prompts,
+                                                                 new_tokens))
+    bound = {"allowed_gap": allowed, "same_dtype_reference": own}
+    where = {"draft": draft, "engine_name": engine.name, "prompts": prompts}
+    if gap <= allowed:
+        return Judgement(True, f"mean acceptance length {measured.mean_acceptance_length:.3f} vs golden "
+                               f"{expected.mean_acceptance_length:.3f}", measured=gap, bound=bound, **where)
+    diag = explain_shortfall(engine, oracle, draft, generation, golden)
+    return Judgement(False, f"mean acceptance length {measured.mean_acceptance_length:.3f} vs golden simulated "
+                            f"{expected.mean_acceptance_length:.3f} on the pinned prompts (k={k}; allowed gap "
+                            f"{allowed:.3f} for {dtype}); per-position acceptance "
+                            f"{[round(r, 2) for r in measured.per_position_rate]} vs golden "
+                            f"{[round(r, 2) for r in expected.per_position_rate]}. {diag.message}",
+                     measured=gap, bound=bound, diagnosis=diag, **where)
+
+
+def judge_prediction(engine: Engine, oracle: Oracle, draft: str, generation: Generation,
+                     prompts: Sequence[Sequence[int]], measured: Acceptance) -> Judgement:
+    """Held-out acceptance reaches training's prediction (tau from the per-step accuracies) less
+    the dtype's prediction margin (an estimate, not a bound: REASONS['prediction_margin']). The
+    shortfall is explained once, and only on a failure."""
+    spec = oracle.spec(draft)
+    predicted = spec.predicted_acceptance_length
+    margin = tolerance_for(engine.options.dtype).prediction_margin
+    where = {"draft": draft, "engine_name": engine.name, "prompts": prompts}
+    if measured.mean_acceptance_length >= predicted * (1 - margin):
+        return Judgement(True, f"held-out mean acceptance length {measured.mean_acceptance_length:.3f}, "
+                               f"predicted {predicted:.3f}", measured=measured.mean_acceptance_length,
+                         bound=predicted * (1 - margin), **where)
+    diag = explain_shortfall(engine, oracle, draft, generation, None)
+    return Judgement(False, f"held-out mean acceptance length {measured.mean_acceptance_length:.3f} is more "
+                            f"than {margin:.0%} below the training-time prediction {predicted:.3f} "
+                            f"(acc_k {list(spec.acc_k)}, k={spec.num_draft_tokens}). {diag.message}",
+                     measured=measured.mean_acceptance_length, bound=predicted * (1 - margin),
+                     diagnosis=diag, **where)
 
 
 # Share of verify rounds a hypothesis must reproduce exactly to explain an engine's traces: a

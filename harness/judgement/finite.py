@@ -3,7 +3,8 @@
 Every comparison of the suite counts a token as bad when its error exceeds a tolerance, and
 `NaN > rtol` is False: an engine handing the draft only NaN would pass every check. So the
 error measure maps a non-finite error to +inf (`harness.diagnosis.fingerprint.relative_errors`), and the
-checks call `assert_finite` on what the engine returned before judging it, so that the
+checks call `assert_finite` (or, inside a judge function, `finite_judgement`) on what the engine
+returned before judging it, so that the
 failure says "NaN" instead of "unknown boundary". The golden data and the draft weights are
 checked at bundle load (`harness.golden.bundle`), and the draft lint checks a user's draft.
 """
@@ -15,7 +16,7 @@ from collections.abc import Iterable
 import torch
 
 from harness.diagnosis.record import Diagnosis
-from harness.reports.report import ConformanceFailure
+from harness.judgement.verdict import Judgement
 
 NON_FINITE = "non_finite"
 
@@ -52,12 +53,22 @@ def non_finite_diagnosis(what: str, detail: str) -> Diagnosis:
                      details={"what": what, "count": detail})
 
 
-def assert_finite(what: str, tensors: Iterable[torch.Tensor] | None) -> None:
-    """Fail the check, with a `non_finite` diagnosis, if any value the engine returned is NaN
-    or Inf. `what` names it in the failure ("the aux features the engine handed the draft")."""
+def finite_judgement(what: str, tensors: Iterable[torch.Tensor] | None) -> Judgement | None:
+    """The failed judgement, with a `non_finite` diagnosis, where any value the engine returned
+    is NaN or Inf (None where all are finite): no comparison follows, so it carries no
+    reproducer of its own. `what` names it ("the aux features the engine handed the draft")."""
     if tensors is None:
-        return
+        return None
     detail = describe_non_finite(list(tensors))
-    if detail is not None:
-        diag = non_finite_diagnosis(what, detail)
-        raise ConformanceFailure(diag.message, [diag])
+    if detail is None:
+        return None
+    diag = non_finite_diagnosis(what, detail)
+    return Judgement(False, diag.message, measured=detail, bound="every value finite",
+                     diagnosis=diag, reproduce=False)
+
+
+def assert_finite(what: str, tensors: Iterable[torch.Tensor] | None) -> None:
+    """Fail the check if any value the engine returned is NaN or Inf (`finite_judgement`)."""
+    judged = finite_judgement(what, tensors)
+    if judged is not None:
+        judged.verdict()

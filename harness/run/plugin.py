@@ -25,6 +25,7 @@ from hypothesis import settings as hypothesis_settings
 from hypothesis.errors import InvalidArgument
 
 from harness.diagnosis.record import failing_diagnoses
+from harness.judgement.verdict import set_run_engine
 from harness.reports.certificate import certificate_files
 from harness.reports.outcomes import check_outcome, exception_message, root_failure
 from harness.reports.report import ReportCollector, verdict_line, write_reports
@@ -70,8 +71,6 @@ def pytest_configure(config: pytest.Config) -> None:
     except OptionError as e:
         raise pytest.UsageError(str(e)) from None
     name = config.getoption("engine")
-    from harness.judgement.assertions.base import set_run_engine  # torch: not at plugin import
-
     # a dotted path is the one --engine value an adapter's `name` does not repeat
     set_run_engine(name if ":" in name and not name.startswith("zoo:") else None)
     if not config.getoption("--hypothesis-profile", None):

@@ -578,23 +578,22 @@ class _Doctor:
         """The suite's own judgement of a capture: fp32 strict; reduced precision against the
         precision envelope of the target itself in the engine's dtype (harness/golden/envelope.py;
         a fixed rtol cries wolf there, and a verified fix would read as "fix fails")."""
-        from harness.core.tolerances import tolerance_for
         from harness.golden.envelope import EnvelopeBuilder
-        from harness.judgement.assertions import ConformanceFailure, assert_capture_matches
+        from harness.judgement.assertions import CaptureContext, judge_capture
+        from harness.judgement.precision import is_reduced
 
         envelopes = None
-        if not tolerance_for(self.options.dtype).strict:
+        if is_reduced(self.options.dtype):
             if not hasattr(self, "_envelopes"):
                 builder = EnvelopeBuilder(self.i.target, model)
                 self._envelopes = [builder.envelope(p, self.options.dtype) for p in prompts]
             envelopes = self._envelopes
-        try:
-            return assert_capture_matches(
-                features=captured, golden=feats, training_boundaries=trained, dtype=self.options.dtype,
-                engine_name=self.engine_name, engine_convention=self._engine_conv(),
-                config_ids=config_ids, draft=self.i.draft.name, prompts=prompts, check=check, envelopes=envelopes)
-        except ConformanceFailure as failure:
-            return failure.diagnoses[0]
+        ctx = CaptureContext(training_boundaries=trained, config_ids=config_ids,
+                             dtype=self.options.dtype, engine_name=self.engine_name,
+                             draft=self.i.draft.name, check=check, engine_convention=self._engine_conv())
+        # a failed judgement's diagnosis as raised (an `ok` on a failure reads `unrecognised`)
+        return judge_capture(ctx, features=captured, golden=feats, prompts=prompts,
+                             envelopes=envelopes).diagnoses[0]
 
     def _engine_conv(self) -> str | None:
         return self.i.engine_cls.convention or self.convention

@@ -21,7 +21,7 @@ from harness.engines.base import EngineOptions
 from harness.engines.reference import ReferenceEngine
 from harness.golden.draft_factory import DraftFactory
 from harness.golden.oracle import Oracle
-from harness.judgement.assertions import ConformanceFailure, assert_capture_matches_oracle
+from harness.judgement.assertions import CaptureContext, judge_capture_oracle
 
 
 @dataclass(frozen=True)
@@ -105,14 +105,12 @@ def diagnosed(oracle: Oracle, cls: type[ReferenceEngine], draft: Served,
         features = engine.capture(prompts).features
     except RuntimeError as crash:
         return f"CRASH: {str(crash).splitlines()[0][:80]}", None, str(crash)
-    try:
-        assert_capture_matches_oracle(
-            features=features, oracle=oracle, prompts=prompts, dtype=dtype, device="cpu",
-            training_boundaries=list(draft.boundaries), engine_name=cls.name,
-            engine_convention=engine.convention, config_ids=list(draft.layer_ids), draft=draft.name,
-            check="mutant_scan", in_batch=True,
-            alone=lambda some: [engine.capture([p]).features[0] for p in some])
-    except ConformanceFailure as failure:
-        diag = failure.diagnoses[0] if failure.diagnoses else None
-        return (diag.kind if diag is not None else "no diagnosis"), diag, str(failure)
-    return "PASS", None, ""
+    ctx = CaptureContext(training_boundaries=list(draft.boundaries), config_ids=list(draft.layer_ids),
+                         dtype=dtype, engine_name=cls.name, draft=draft.name, check="mutant_scan",
+                         engine_convention=engine.convention, in_batch=True,
+                         alone=lambda some: [engine.capture([p]).features[0] for p in some])
+    judged = judge_capture_oracle(ctx, features=features, oracle=oracle, prompts=prompts)
+    if judged.failure is None:
+        return "PASS", None, ""
+    diag = judged.diagnoses[0] if judged.diagnoses else None
+    return (diag.kind if diag is not None else "no diagnosis"), diag, str(judged.failure)

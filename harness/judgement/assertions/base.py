@@ -1,20 +1,20 @@
-"""The assertion layer's common ground: a capability requirement, the reproducer every
-failure ends with, and `fail`, through which every check fails.
+"""The assertion layer's common ground: a capability requirement, an engine crash as a
+failure, and the per-token error count the fc and batch judgements share. How a check fails
+(`fail`, the reproducer, `Judgement`) is `harness.judgement.verdict`.
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
-from typing import Any, NoReturn
+from typing import Any
 
 import pytest
 import torch
 
 from harness.diagnosis.crash import crash_diagnosis
 from harness.diagnosis.fingerprint import relative_errors
-from harness.diagnosis.record import Diagnosis, failing_diagnoses
 from harness.engines.base import Capability, Engine
+from harness.judgement.verdict import failure
 from harness.reports.report import ConformanceFailure
 
 
@@ -22,60 +22,6 @@ def require(engine: Engine, capability: Capability) -> None:
     """Skip, with the reason printed, what this engine cannot do."""
     if capability not in engine.capabilities:
         pytest.skip(f"{engine.name} does not declare the {capability.value!r} capability")
-
-
-
-
-# The --engine value this run was given, set by the plugin at configure: the reproducer
-# repeats it, since an adapter's `name` ("template") is not what --engine takes
-# ("examples.template_adapter:TemplateEngine").
-_RUN_ENGINE: dict[str, str] = {}
-
-
-def set_run_engine(value: str | None) -> None:
-    """Remember the run's --engine value for the reproducers (None forgets it)."""
-    _RUN_ENGINE.pop("value", None)
-    if value:
-        _RUN_ENGINE["value"] = value
-
-
-def current_check() -> str:
-    """The running check's function name (pytest's PYTEST_CURRENT_TEST, parameters dropped):
-    what `-k` selects to rerun it."""
-    current = os.environ.get("PYTEST_CURRENT_TEST", "")
-    return current.split("::")[-1].split(" ")[0].split("[")[0] or "<check>"
-
-
-def reproducer(engine_name: str | None, draft: str, prompts: Sequence[Sequence[int]] | None = None,
-               check: str | None = None) -> str:
-    """The command that reruns one check for one draft (and the prompts it failed on)."""
-    engine_name = _RUN_ENGINE.get("value", engine_name)
-    engine = f" --engine {engine_name}" if engine_name else ""
-    line = (f"reproduce: eagle3-conformance run{engine} --draft {draft} "
-            f"-k {check or current_check()}")
-    if prompts:
-        shown = [list(p) for p in prompts[:3]]
-        more = f" (+{len(prompts) - 3} more)" if len(prompts) > 3 else ""
-        line += f"  # prompts {shown}{more}"
-    return line
-
-
-def failure(message: str, *, draft: str, engine_name: str | None = None,
-            prompts: Sequence[Sequence[int]] | None = None, diagnoses: Sequence[Diagnosis] = (),
-            check: str | None = None) -> ConformanceFailure:
-    """A check's failure: `message`, then the reproducer; `diagnoses` go to report.json. A
-    diagnosis of kind `ok` on a failure becomes `unrecognised` with this failure's evidence and
-    reproducer (`harness.diagnosis.record.unexplained`): a failed check never says "ok"."""
-    again = reproducer(engine_name, draft, prompts, check)
-    return ConformanceFailure(f"{message}\n{again}", failing_diagnoses(diagnoses, message, again))
-
-
-def fail(message: str, *, draft: str, engine_name: str | None = None,
-         prompts: Sequence[Sequence[int]] | None = None, diagnoses: Sequence[Diagnosis] = (),
-         check: str | None = None) -> NoReturn:
-    """Fail the running check (see `failure`)."""
-    raise failure(message, draft=draft, engine_name=engine_name, prompts=prompts,
-                  diagnoses=diagnoses, check=check)
 
 
 def crash_failure(crash: BaseException, *, layer_ids: Sequence[int], target_hidden: int,

@@ -19,11 +19,13 @@ from harness.diagnosis.decode import (
 )
 from harness.engines.base import DecodeInputs
 from harness.golden.features import aux_features
-from harness.judgement.assertions.base import fail
-from harness.judgement.assertions.capture import assert_capture_matches, batch_leaks
+from harness.golden.oracle import Oracle
+from harness.judgement import precision
+from harness.judgement.assertions.capture import CaptureContext, batch_leaks, judge_capture
 from harness.judgement.assertions.generation import divergence
-from harness.judgement.finite import assert_finite
-from harness.reports.report import ConformanceFailure
+from harness.judgement.finite import assert_finite, finite_judgement
+from harness.judgement.precision import leak_evidence, traces_exact
+from harness.judgement.verdict import Judgement, fail
 
 
 def _first_misplaced(decode: DecodeInputs) -> tuple[int, int, str]:
@@ -42,77 +44,82 @@ def _first_misplaced(decode: DecodeInputs) -> tuple[int, int, str]:
     return 0, 0, "positions differ"
 
 
-def assert_decode_inputs_match(*, decode: DecodeInputs, oracle, prompts: Sequence[Sequence[int]],
-                               training_boundaries: Sequence[int], dtype: str, device: str,
-                               engine_name: str, engine_convention: str | None,
-                               config_ids: Sequence[int], draft: str, check: str) -> None:
-    """What the draft was fed while decoding is what training feeds it: row j of a prompt's
-    feeds (the prefill's rows, then each verify round's accepted positions) at position j,
-    with the target's features at j over the sequence the engine generated (`oracle`, fp32:
-    the golden features of prompt + continuation). Judged in three steps, each with its own
-    diagnosis (harness.diagnosis.decode): the positions exactly (they are integers), which row
-    the re-fed rows hold, then the rows as the capture check judges a capture (fp32: every
-    token within rtol; reduced precision: identity and the same-dtype noise floor). Rows past
-    the continuation the engine returned (a last round running past max_new_tokens) have no
-    golden counterpart and are not judged."""
+def judge_decode_inputs(ctx: CaptureContext, *, decode: DecodeInputs, oracle: Oracle,
+                        prompts: Sequence[Sequence[int]]) -> Judgement:
+    """Is what the draft was fed while decoding what training feeds it (`ctx`: as the capture
+    check's, whose judgement the rows get)? Row j of a prompt's feeds (the prefill's rows, then
+    each verify round's accepted positions) at position j, with the target's features at j over
+    the sequence the engine generated (`oracle`, fp32: the golden features of prompt +
+    continuation). Judged in three steps, each with its own diagnosis (harness.diagnosis.decode):
+    the positions exactly (they are integers), which row the re-fed rows hold, then the rows as
+    the capture check judges a capture (fp32: every token within rtol; reduced precision:
+    identity and the same-dtype noise floor). Rows past the continuation the engine returned (a
+    last round running past max_new_tokens) have no golden counterpart and are not judged."""
     rows: list[torch.Tensor] = []
     sequences: list[list[int]] = []
     for prompt, tokens, feeds in zip(prompts, decode.tokens, decode.feeds, strict=True):
         if not feeds:
-            fail(f"prompt {list(prompt)}: the engine reported no feed of target features to the "
-                 f"draft at all (not even the prefill's)", draft=draft, engine_name=engine_name,
-                 prompts=[prompt], check=check)
+            return Judgement(False, f"prompt {list(prompt)}: the engine reported no feed of target "
+                                    f"features to the draft at all (not even the prefill's)",
+                             measured=0, bound="a feed per prompt", prompts=[prompt], **ctx.where)
         seq = [int(t) for t in prompt] + [int(t) for t in tokens]
         fed = torch.cat([f.features for f in feeds], dim=0)
         rows.append(fed[:len(seq)])
         sequences.append(seq)
-    assert_finite("the features the draft was fed while decoding", rows)
+    nan = finite_judgement("the features the draft was fed while decoding", rows)
+    if nan is not None:
+        return nan
     offsets = [feed_offsets([f.positions for f in feeds], [f.step_positions for f in feeds])
                for feeds in decode.feeds]
     diag = diagnose_positions(offsets)
     if diag is not None:
         i, r, what = _first_misplaced(decode)
-        fail(f"the draft's decode-time positions are not training's: prompt {i} feed {r} "
-             f"({'the prefill' if r == 0 else f'after verify round {r}'}): {what} (exact "
-             f"integers: no tolerance). {diag.message}", draft=draft, engine_name=engine_name,
-             prompts=[prompts[i]], diagnoses=[diag], check=check)
+        return Judgement(False, f"the draft's decode-time positions are not training's: prompt {i} "
+                                f"feed {r} ({'the prefill' if r == 0 else f'after verify round {r}'}): "
+                                f"{what} (exact integers: no tolerance). {diag.message}",
+                         measured=what, bound="exact positions", diagnosis=diag,
+                         prompts=[prompts[i]], **ctx.where)
     golden = [oracle.features(s).prefix(x.shape[0]) for s, x in zip(sequences, rows, strict=True)]
-    width = len(training_boundaries) * golden[0].boundaries.shape[-1]
+    width = len(ctx.training_boundaries) * golden[0].boundaries.shape[-1]
     if all(x.shape[-1] == width for x in rows):
-        shift = row_shift(rows, [aux_features(g, training_boundaries) for g in golden],
+        shift = row_shift(rows, [aux_features(g, ctx.training_boundaries) for g in golden],
                           [len(feeds[0].positions) for feeds in decode.feeds])
         if shift.named is not None and shift.prefill_in_place >= ROW_SHARE * shift.prefill_rows:
             diag = misaligned_diagnosis(shift)
-            fail(f"the rows re-fed to the draft after verify rounds are not the features of their "
-                 f"own positions. {diag.message}", draft=draft, engine_name=engine_name,
-                 prompts=prompts, diagnoses=[diag], check=check)
-    envelopes = None if tolerance_for(dtype).strict else [
-        oracle.envelope(s, dtype).prefix(x.shape[0]) for s, x in zip(sequences, rows, strict=True)]
-    judged = dict(training_boundaries=training_boundaries, dtype=dtype, engine_name=engine_name,
-                  engine_convention=engine_convention, config_ids=config_ids, draft=draft,
-                  prompts=prompts, check=check)
-    try:
-        assert_capture_matches(features=rows, golden=golden, envelopes=envelopes, **judged)
-    except ConformanceFailure as failed:
-        # pass/fail is the whole feed's; the cause is named from the prefill's rows where they
-        # are wrong already: they are the capture of one forward, which the capture diagnosis
-        # reads (a row shift within each forward leaves every decode round's first row zero,
-        # which no whole-feed model fits), and the re-feeds inherit its bug
-        cut = [len(feeds[0].positions) for feeds in decode.feeds]
-        try:
-            assert_capture_matches(
-                features=[x[:c] for x, c in zip(rows, cut, strict=True)],
-                golden=[g.prefix(c) for g, c in zip(golden, cut, strict=True)],
-                envelopes=None if envelopes is None else [
-                    e.prefix(c) for e, c in zip(envelopes, cut, strict=True)],
-                **judged)
-        except ConformanceFailure as prefill:
-            raise ConformanceFailure(f"decode-time feeds ({sum(x.shape[0] for x in rows)} rows): the "
-                                     f"prefill's feed is already not training's: {prefill}",
-                                     prefill.diagnoses) from None
-        raise ConformanceFailure(f"decode-time feeds (the prefill and the re-feeds after every verify "
-                                 f"round, {sum(x.shape[0] for x in rows)} rows): {failed}",
-                                 failed.diagnoses) from None
+            return Judgement(False, f"the rows re-fed to the draft after verify rounds are not the "
+                                    f"features of their own positions. {diag.message}",
+                             measured=shift.named, bound="each row at its own position", diagnosis=diag,
+                             prompts=prompts, **ctx.where)
+    envelopes = precision.envelopes(oracle, sequences, ctx.dtype, [x.shape[0] for x in rows])
+    whole = judge_capture(ctx, features=rows, golden=golden, prompts=prompts, envelopes=envelopes,
+                          verdict_only=True)
+    if whole.passed:
+        return whole
+    # pass/fail is the whole feed's; the cause is named from the prefill's rows where they are
+    # wrong already: they are the capture of one forward, which the capture diagnosis reads (a
+    # row shift within each forward leaves every decode round's first row zero, which no
+    # whole-feed model fits), and the re-feeds inherit its bug
+    cut = [len(feeds[0].positions) for feeds in decode.feeds]
+    prefill = judge_capture(
+        ctx, features=[x[:c] for x, c in zip(rows, cut, strict=True)], prompts=prompts,
+        golden=[g.prefix(c) for g, c in zip(golden, cut, strict=True)],
+        envelopes=None if envelopes is None else [e.prefix(c) for e, c in zip(envelopes, cut, strict=True)])
+    n = sum(x.shape[0] for x in rows)
+    if prefill.failure is not None:
+        why, named = f"({n} rows): the prefill's feed is already not training's: {prefill.failure}", prefill
+    else:  # only now is the whole feed's failure worded and diagnosed
+        whole = judge_capture(ctx, features=rows, golden=golden, prompts=prompts, envelopes=envelopes)
+        why, named = (f"(the prefill and the re-feeds after every verify round, {n} rows): "
+                      f"{whole.failure}"), whole
+    # the capture judgement's failure already ends with its reproducer
+    return Judgement(False, f"decode-time feeds {why}", measured=named.measured, bound=named.bound,
+                     diagnosis=next(iter(named.diagnoses), None), reproduce=False)
+
+
+def assert_decode_inputs_match(ctx: CaptureContext, *, decode: DecodeInputs, oracle: Oracle,
+                               prompts: Sequence[Sequence[int]]) -> None:
+    """`judge_decode_inputs`, raised."""
+    judge_decode_inputs(ctx, decode=decode, oracle=oracle, prompts=prompts).verdict()
 
 
 def assert_history_independent(*, prompts: Sequence[Sequence[int]], history: str,
@@ -133,11 +140,11 @@ def assert_history_independent(*, prompts: Sequence[Sequence[int]], history: str
         # NaN differs from itself: an unwritten buffer is a non_finite engine, not a history
         assert_finite("the aux features the engine handed the draft", [*features[0], *features[1]])
         for i, (a, b) in enumerate(zip(*features, strict=True)):
-            strict = tolerance_for(dtype).strict
-            bad, total, worst, bound = batch_leaks(
-                b, a, dtype=dtype, golden=None if strict else oracle.features(prompts[i]),
-                envelope=None if strict else oracle.envelope(prompts[i], dtype)) \
-                if a.shape == b.shape else (a.shape[0], a.shape[0], float("inf"), "equal shapes")
+            if a.shape == b.shape:
+                golden, envelope = leak_evidence(oracle, prompts[i], dtype)
+                bad, total, worst, bound = batch_leaks(b, a, dtype=dtype, golden=golden, envelope=envelope)
+            else:
+                bad, total, worst, bound = a.shape[0], a.shape[0], float("inf"), "equal shapes"
             if bad:
                 found.append((i, f"captured features differ on {bad}/{total} tokens (worst relative "
                                  f"error {worst:.3g}, tolerance {bound})"))
@@ -148,7 +155,7 @@ def assert_history_independent(*, prompts: Sequence[Sequence[int]], history: str
                 found.append((i, f"greedy speculative tokens differ: {text}"))
     if traces is not None:
         tol = tolerance_for(dtype)
-        if tol.strict:
+        if traces_exact(dtype):
             found += [(i, f"per-round acceptance {list(b)[:12]} vs {list(a)[:12]} (fp32: exact)")
                       for i, (a, b) in enumerate(zip(*traces, strict=True)) if list(a) != list(b)]
         else:

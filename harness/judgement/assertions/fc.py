@@ -5,7 +5,7 @@ engine's dtype.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import replace
 
 import torch
 
@@ -13,24 +13,9 @@ from harness.core.tolerances import tolerance_for
 from harness.diagnosis.draft_side import diagnose_fc
 from harness.diagnosis.fingerprint import relative_errors
 from harness.diagnosis.identity import noise_allowance
-from harness.diagnosis.record import Diagnosis
-from harness.judgement.assertions.base import fail, worst_tokens
-
-
-@dataclass(frozen=True)
-class FcVerdict:
-    """The fc check's finding, shared by the fc suite and the acceptance explainer so that
-    both judge the projection by one criterion."""
-
-    bad: int
-    total: int
-    worst: float
-    message: str
-    diagnosis: Diagnosis | None  # None exactly when ok
-
-    @property
-    def ok(self) -> bool:
-        return self.bad == 0
+from harness.judgement.assertions.base import worst_tokens
+from harness.judgement.precision import allowance_floor, is_reduced
+from harness.judgement.verdict import Judgement
 
 
 def fc_allowances(expected: Sequence[torch.Tensor], same_dtype: Sequence[torch.Tensor],
@@ -39,10 +24,10 @@ def fc_allowances(expected: Sequence[torch.Tensor], same_dtype: Sequence[torch.T
     allowance of the fc's precision envelope on the same features (`same_dtype`: per prompt
     [M, T, H], the correct implementations' fc, Oracle.reference_fc; or one [T, H]), the
     largest error among them; None in fp32 (strict)."""
-    tol = tolerance_for(dtype)
-    if tol.strict:
+    if not is_reduced(dtype):
         return None
-    floor = tolerance_for("float32").rtol
+    tol = tolerance_for(dtype)
+    floor = allowance_floor()
 
     def envelope_error(low: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
         err = relative_errors(low, ref)
@@ -55,19 +40,22 @@ def fc_allowances(expected: Sequence[torch.Tensor], same_dtype: Sequence[torch.T
 def judge_fc(fc_out: Sequence[torch.Tensor], features: Sequence[torch.Tensor],
              expected: Sequence[torch.Tensor], rtol: float, *, draft_hidden: int,
              norm_before_fc: bool, fc_norm: bool,
-             allowances: Sequence[torch.Tensor] | None = None) -> FcVerdict:
+             allowances: Sequence[torch.Tensor] | None = None) -> Judgement:
     """Did the engine's fc output equal fc(the engine's own features), token by token? Judged
     on the engine's features so that a capture bug does not masquerade as an fc bug. In
-    reduced precision `allowances` (fc_allowances) replaces rtol."""
+    reduced precision `allowances` (fc_allowances) replaces rtol. One criterion for the fc
+    check and the acceptance explainer; the diagnosis (harness.diagnosis.draft_side) only on a
+    mismatch. The judgement names no draft or engine: `assert_fc_matches` adds them."""
     bad, total, worst = worst_tokens(fc_out, expected, rtol, allowances)
-    if not bad:
-        return FcVerdict(0, total, worst, "fc output matches fc(features)", None)
     bound = f"{rtol:g}" if allowances is None else "twice the fc precision envelope's error"
+    measured = {"tokens_off": bad, "tokens": total, "worst_rel_error": worst}
+    if not bad:
+        return Judgement(True, "fc output matches fc(features)", measured=measured, bound=bound)
     detail = (f"the draft's fc output differs from fc(features) on {bad}/{total} tokens "
               f"(worst relative error {worst:.3g}, tolerance {bound})")
     diag = diagnose_fc(fc_out, features, detail, rtol, draft_hidden=draft_hidden,
                        norm_before_fc=norm_before_fc, fc_norm=fc_norm)
-    return FcVerdict(bad, total, worst, diag.message, diag)
+    return Judgement(False, diag.message, measured=measured, bound=bound, diagnosis=diag)
 
 
 def assert_fc_matches(*, fc_out: Sequence[torch.Tensor], features: Sequence[torch.Tensor],
@@ -78,12 +66,9 @@ def assert_fc_matches(*, fc_out: Sequence[torch.Tensor], features: Sequence[torc
     """The engine's fc output is the trained fc of its own features, token by token;
     same_dtype (required in reduced precision): per prompt, the fc of the same features by the
     correct implementations in the engine's dtype (Oracle.reference_fc), its envelope."""
-    if same_dtype is None and not tolerance_for(dtype).strict:
+    if same_dtype is None and is_reduced(dtype):
         raise ValueError(f"judging {dtype} fc needs the {dtype} reference fc (Oracle.reference_fc)")
-    verdict = judge_fc(fc_out, features, expected, tolerance_for(dtype).rtol,
-                       draft_hidden=draft_hidden, norm_before_fc=norm_before_fc, fc_norm=fc_norm,
-                       allowances=None if same_dtype is None else fc_allowances(expected, same_dtype, dtype))
-    if not verdict.ok:
-        fail(verdict.message, draft=draft, engine_name=engine_name, prompts=prompts,
-             diagnoses=[d for d in (verdict.diagnosis,) if d is not None])
-
+    judged = judge_fc(fc_out, features, expected, tolerance_for(dtype).rtol,
+                      draft_hidden=draft_hidden, norm_before_fc=norm_before_fc, fc_norm=fc_norm,
+                      allowances=None if same_dtype is None else fc_allowances(expected, same_dtype, dtype))
+    replace(judged, draft=draft, engine_name=engine_name, prompts=prompts).verdict()
