@@ -20,7 +20,14 @@ among the competing explanations, the runner-up, and "AMBIGUOUS" where the repor
 kinds that are right for it); their batch- and acceptance-level bugs are judged the way
 suites/test_batch_invariance.py (diagnose_batch_leak on the pinned batch) and
 suites/test_acceptance.py (explain_shortfall, specforge-default only: ~15 s a cell) judge them,
-with the zoo's fc_on_recurrent_state and d2t_absolute as the acceptance controls.
+with the zoo's fc_on_recurrent_state and d2t_absolute as the acceptance controls. Decode-feed
+and position bugs are judged as suites/test_decode_inputs.py judges them
+(assert_decode_inputs_match on the pinned prompts, every bundle draft), request-history bugs as
+suites/test_request_history.py does (the longest pinned prompts served, unrelated held-out
+prompts, the probes again in reverse order: assert_history_independent, every bundle draft),
+with the zoo's decode_rows_one_late, draft_kv_not_rolled_back, draft_positions_shifted and
+state_leaks_between_requests as controls (and fc_on_recurrent_state, whose feeds are right:
+the decode-input check must pass it).
 """
 
 from __future__ import annotations
@@ -30,7 +37,9 @@ import json
 import shutil
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -43,8 +52,14 @@ from harness.engines.zoo import MUTANTS
 from harness.golden.bundle import load_bundle
 from harness.golden.oracle import Oracle
 from harness.golden.paths import default_bundle_path
-from harness.judgement.acceptance import explain_shortfall, golden_traces
-from harness.judgement.assertions import batch_leaks, diagnose_batch_leak
+from harness.judgement.acceptance import explain_shortfall, golden_traces, heldout_prompts
+from harness.judgement.assertions import (
+    ConformanceFailure,
+    assert_decode_inputs_match,
+    assert_history_independent,
+    batch_leaks,
+    diagnose_batch_leak,
+)
 from harness.tools.mutant_scan import (
     Served,
     bundle_drafts,
@@ -94,6 +109,74 @@ def _acceptance_cell(oracle: Oracle, cls: type[ReferenceEngine], served: Served,
     return diag.kind, diag
 
 
+def _spec_engine(oracle: Oracle, cls: type[ReferenceEngine], served: Served, dtype: str) -> ReferenceEngine:
+    """An engine drafting as the draft's spec says (k tokens), as the suite's fixtures build it."""
+    spec = oracle.spec(served.name)
+    return cls(oracle.bundle.target_dir, served.folder,
+               EngineOptions(dtype=dtype, num_draft_tokens=spec.num_draft_tokens,
+                             training_convention=served.convention))
+
+
+def _failed(check: Callable[[], None]) -> tuple[str, Diagnosis | None]:
+    """PASS, or the kind of the check's (first) diagnosis."""
+    try:
+        check()
+    except ConformanceFailure as failure:
+        diag = failure.diagnoses[0] if failure.diagnoses else None
+        return (diag.kind if diag is not None else "no diagnosis"), diag
+    return "PASS", None
+
+
+def _decode_cell(oracle: Oracle, cls: type[ReferenceEngine], served: Served,
+                 dtype: str) -> tuple[str, Diagnosis | None]:
+    """A decode-feed or position bug judged as suites/test_decode_inputs.py judges it."""
+    spec = oracle.spec(served.name)
+    engine = _spec_engine(oracle, cls, served, dtype)
+    prompts = oracle.pinned_prompts
+    try:
+        decode = engine.decode_inputs(prompts, int(oracle.bundle.manifest["prompts"]["continuation_len"]))
+    finally:
+        engine.close()
+    return _failed(lambda: assert_decode_inputs_match(
+        decode=decode, oracle=oracle, prompts=prompts, training_boundaries=spec.boundaries,
+        dtype=dtype, device="cpu", engine_name=cls.__name__, engine_convention=engine.convention,
+        config_ids=spec.layer_ids, draft=served.name, check="diagnosis_scan"))
+
+
+# suites/test_request_history.py's serving: PROBES longest pinned prompts, EARLIER unrelated
+# held-out prompts between the two servings, NEW_TOKENS generated per request
+PROBES, EARLIER, NEW_TOKENS = 4, 3, 16
+
+
+def _history_cell(oracle: Oracle, cls: type[ReferenceEngine], served: Served,
+                  dtype: str) -> tuple[str, Diagnosis | None]:
+    """A request-history bug judged as suites/test_request_history.py judges it: each probe
+    captured and generated as its own request, unrelated requests, the probes again reversed."""
+    engine = _spec_engine(oracle, cls, served, dtype)
+
+    def serve(prompts: list[list[int]]) -> dict[str, list[Any]]:
+        out: dict[str, list[Any]] = {"features": [], "tokens": [], "traces": []}
+        for prompt in prompts:
+            out["features"].append(engine.capture([prompt]).features[0])
+            gen = engine.generate([prompt], NEW_TOKENS, True)
+            out["tokens"].append(gen.tokens[0])
+            out["traces"].append(gen.traces[0] if gen.traces is not None else None)
+        return out
+
+    probes = sorted(oracle.pinned_prompts, key=len)[-PROBES:]
+    try:
+        first = serve(probes)
+        serve(heldout_prompts(oracle)[:EARLIER])
+        second = {k: v[::-1] for k, v in serve(probes[::-1]).items()}
+    finally:
+        engine.close()
+    return _failed(lambda: assert_history_independent(
+        prompts=probes, history=f"after {EARLIER} unrelated requests and in reverse order",
+        features=(first["features"], second["features"]), tokens=(first["tokens"], second["tokens"]),
+        traces=(first["traces"], second["traces"]), oracle=oracle, dtype=dtype, device="cpu",
+        engine_name=cls.__name__, draft=served.name, check="diagnosis_scan"))
+
+
 def _engine(oracle: Oracle, cls: type[ReferenceEngine], served: Served, dtype: str) -> ReferenceEngine:
     return cls(oracle.bundle.target_dir, served.folder,
                EngineOptions(dtype=dtype, training_convention=served.convention))
@@ -117,7 +200,8 @@ def main() -> int:
                   and (not args.mutant or k in args.mutant))
     held = sorted(k for k in HELDOUT if args.heldout and (not args.mutant or k in args.mutant))
     scratch = Path(tempfile.mkdtemp(prefix="diagnosis-scan-"))
-    drafts = bundle_drafts(oracle) + (factory_drafts(oracle, scratch) if args.configs else [])
+    bundle = bundle_drafts(oracle)
+    drafts = bundle + (factory_drafts(oracle, scratch) if args.configs else [])
     rows, wrong, confident = [], 0, 0
     cells: list[tuple[str, type[ReferenceEngine], str, tuple[str, ...]]] = [
         (CONTROL, ReferenceEngine, "capture", ("PASS",))]
@@ -125,16 +209,30 @@ def main() -> int:
     cells += [(k, HELDOUT[k], HELDOUT[k].shows_in, HELDOUT[k].acceptable) for k in held]
     if held:  # the zoo bugs the acceptance-level separating experiments must still name
         cells += [(k, MUTANTS[k], "acceptance", (k,)) for k in ("fc_on_recurrent_state", "d2t_absolute")]
+        # the zoo's decode-time and history bugs, judged by the checks that see them; fc re-applied
+        # to the recurrent state leaves every feed right, so the decode-input check passes it
+        cells += [(k, MUTANTS[k], "decode", (k,)) for k in
+                  ("decode_rows_one_late", "draft_kv_not_rolled_back", "draft_positions_shifted")]
+        cells += [("fc_on_recurrent_state", MUTANTS["fc_on_recurrent_state"], "decode", ("PASS",))]
+        cells += [("state_leaks_between_requests", MUTANTS["state_leaks_between_requests"],
+                   "history", ("history_dependent",))]
+        cells += [(CONTROL, ReferenceEngine, kind, ("PASS",)) for kind in ("decode", "history")]
     for key, cls, shows_in, expected_kinds in cells:
         expected = "/".join(expected_kinds)
         for served in drafts:
             draft = served.name
             if shows_in == "acceptance" and draft != "specforge-default":
                 continue
+            if shows_in in ("decode", "history") and served not in bundle:
+                continue  # served with the draft's own k: the bundle's drafts only
             if shows_in == "capture":
                 got, diag, _ = diagnosed(oracle, cls, served, args.dtype)
             elif shows_in == "batch":
                 got, diag = _batch_cell(oracle, cls, served, args.dtype)
+            elif shows_in == "decode":
+                got, diag = _decode_cell(oracle, cls, served, args.dtype)
+            elif shows_in == "history":
+                got, diag = _history_cell(oracle, cls, served, args.dtype)
             else:
                 got, diag = _acceptance_cell(oracle, cls, served, args.dtype)
             margin, runner_up, ambiguous = confidence(diag)
@@ -165,7 +263,7 @@ def main() -> int:
     print(f"{args.dtype}: {wrong} of {failing} failing (mutant, draft) cells named wrongly, "
           f"{confident} confidently wrong (a wrong kind printed without 'ambiguous'); "
           f"{sum(r['ambiguous'] for r in rows)} ambiguous"
-          f"{'' if rows[0]['named'] == 'PASS' else '; the control failed'}")
+          f"{'' if all(r['named'] == 'PASS' for r in rows if r['mutant'] == CONTROL) else '; the control failed'}")
     shutil.rmtree(scratch, ignore_errors=True)
     if args.json:
         args.json.write_text(json.dumps({"dtype": args.dtype, "rows": rows, "wrong": wrong,
