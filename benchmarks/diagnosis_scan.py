@@ -27,7 +27,8 @@ suites/test_request_history.py does (the longest pinned prompts served, unrelate
 prompts, the probes again in reverse order: assert_history_independent, every bundle draft),
 with the zoo's decode_rows_one_late, draft_kv_not_rolled_back, draft_positions_shifted and
 state_leaks_between_requests as controls (and fc_on_recurrent_state, whose feeds are right:
-the decode-input check must pass it).
+the decode-input check must pass it); fc bugs as suites/test_fc_projection.py does
+(assert_fc_matches on the engine's own features), with norm_before_fc_flipped as the control.
 """
 
 from __future__ import annotations
@@ -56,6 +57,7 @@ from harness.judgement.acceptance import explain_shortfall, golden_traces, heldo
 from harness.judgement.assertions import (
     ConformanceFailure,
     assert_decode_inputs_match,
+    assert_fc_matches,
     assert_history_independent,
     batch_leaks,
     diagnose_batch_leak,
@@ -143,6 +145,26 @@ def _decode_cell(oracle: Oracle, cls: type[ReferenceEngine], served: Served,
         config_ids=spec.layer_ids, draft=served.name, check="diagnosis_scan"))
 
 
+def _fc_cell(oracle: Oracle, cls: type[ReferenceEngine], served: Served,
+             dtype: str) -> tuple[str, Diagnosis | None]:
+    """An fc bug judged as suites/test_fc_projection.py judges it: fc's output on the engine's
+    own features against the trained fc on those features."""
+    engine = _engine(oracle, cls, served, dtype)
+    try:
+        capture = engine.capture(oracle.pinned_prompts)
+    finally:
+        engine.close()
+    draft = oracle.draft(served.name)
+    return _failed(lambda: assert_fc_matches(
+        fc_out=capture.fc_out, features=capture.features,
+        expected=[oracle.fc(served.name, f) for f in capture.features], dtype=dtype,
+        draft_hidden=draft.cfg.hidden_size, norm_before_fc=draft.cfg.norm_before_fc,
+        fc_norm=draft.cfg.fc_norm, engine_name=cls.__name__, draft=served.name,
+        prompts=oracle.pinned_prompts,
+        same_dtype=None if tolerance_for(dtype).strict else
+        [oracle.reference_fc(served.name, f, dtype) for f in capture.features]))
+
+
 # suites/test_request_history.py's serving: PROBES longest pinned prompts, EARLIER unrelated
 # held-out prompts between the two servings, NEW_TOKENS generated per request
 PROBES, EARLIER, NEW_TOKENS = 4, 3, 16
@@ -216,19 +238,22 @@ def main() -> int:
         cells += [("fc_on_recurrent_state", MUTANTS["fc_on_recurrent_state"], "decode", ("PASS",))]
         cells += [("state_leaks_between_requests", MUTANTS["state_leaks_between_requests"],
                    "history", ("history_dependent",))]
-        cells += [(CONTROL, ReferenceEngine, kind, ("PASS",)) for kind in ("decode", "history")]
+        cells += [("norm_before_fc_flipped", MUTANTS["norm_before_fc_flipped"], "fc", ("fc_wrong",))]
+        cells += [(CONTROL, ReferenceEngine, kind, ("PASS",)) for kind in ("decode", "history", "fc")]
     for key, cls, shows_in, expected_kinds in cells:
         expected = "/".join(expected_kinds)
         for served in drafts:
             draft = served.name
             if shows_in == "acceptance" and draft != "specforge-default":
                 continue
-            if shows_in in ("decode", "history") and served not in bundle:
+            if shows_in in ("decode", "history", "fc") and served not in bundle:
                 continue  # served with the draft's own k: the bundle's drafts only
             if shows_in == "capture":
                 got, diag, _ = diagnosed(oracle, cls, served, args.dtype)
             elif shows_in == "batch":
                 got, diag = _batch_cell(oracle, cls, served, args.dtype)
+            elif shows_in == "fc":
+                got, diag = _fc_cell(oracle, cls, served, args.dtype)
             elif shows_in == "decode":
                 got, diag = _decode_cell(oracle, cls, served, args.dtype)
             elif shows_in == "history":

@@ -1,8 +1,9 @@
-"""The held-out mutants of issue #31 item 6 outside the capture path (decode feeds, draft
-positions, request history, the vocabulary map) are caught by the check that sees them and
-named acceptably: their true cause, or `unrecognised`, never a prefill or fc kind with
-confidence (item 5). Each runs the smallest check that sees it, on specforge-default in fp32
-(a decode-input judgement is ~3 s, a history one ~1 s)."""
+"""The held-out mutants of issue #31 item 6 outside the prefill capture (decode feeds, draft
+positions, request history, the vocabulary map, a ragged batch, fc's weight) are caught by the
+check that sees them and named acceptably: their true cause, or `unrecognised`, never a prefill
+or fc kind with confidence (item 5). Each runs the smallest check that sees it, on
+specforge-default in fp32 (a decode-input judgement is ~3 s, a history one ~1 s, fc and the
+batched capture ~1 s)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,9 @@ from harness.engines.heldout import (
     HELDOUT,
     D2tAppliedTwice,
     DraftPositionsResetPerRound,
+    FcColumnBlocksReversed,
     HeldOut,
+    LeftPaddingMaskedFullWidth,
     PrefixCacheStaleAux,
     RefeedBonusRowStale,
     RefeedPathReversed,
@@ -29,7 +32,9 @@ from harness.engines.zoo import DecodeRowsOneLate, FcOnRecurrentState
 from harness.judgement.acceptance import explain_shortfall, golden_traces, heldout_prompts
 from harness.judgement.assertions import (
     ConformanceFailure,
+    assert_capture_matches_oracle,
     assert_decode_inputs_match,
+    assert_fc_matches,
     assert_history_independent,
 )
 
@@ -67,7 +72,7 @@ def _decode_judgement(cls: type[ReferenceEngine]) -> Diagnosis | None:
 def test_every_heldout_mutant_declares_where_it_shows() -> None:
     assert len(HELDOUT) >= 12
     for cls in HELDOUT.values():
-        assert cls.shows_in in ("capture", "batch", "acceptance", "decode", "history"), cls
+        assert cls.shows_in in ("capture", "batch", "acceptance", "fc", "decode", "history"), cls
         assert "unrecognised" in cls.acceptable, f"{cls.__name__}: 'unrecognised' is always acceptable"
 
 
@@ -157,3 +162,43 @@ def test_d2t_applied_twice_falls_short_and_is_not_named_d2t_absolute() -> None:
     finally:
         engine.close()
     assert diag.kind in D2tAppliedTwice.acceptable, diag.message
+
+
+def test_left_padding_attended_in_a_batch_is_batch_dependent() -> None:
+    """The capture check (a batch, each prompt alone as the evidence): shorter prompts of the
+    left-padded batch attend to their padding, alone they are right."""
+    oracle = committed_oracle()
+    spec = oracle.spec(DRAFT)
+    engine = _engine(LeftPaddingMaskedFullWidth)
+    prompts = oracle.pinned_prompts
+    try:
+        with pytest.raises(ConformanceFailure) as failed:
+            assert_capture_matches_oracle(
+                features=engine.capture(prompts).features, oracle=oracle, prompts=prompts,
+                dtype="float32", device="cpu", training_boundaries=spec.boundaries,
+                engine_name="LeftPaddingMaskedFullWidth", engine_convention=None,
+                config_ids=spec.layer_ids, draft=DRAFT, check="heldout", in_batch=True,
+                alone=lambda some: [engine.capture([p]).features[0] for p in some])
+    finally:
+        engine.close()
+    (diag,) = failed.value.diagnoses
+    assert diag.kind in LeftPaddingMaskedFullWidth.acceptable and diag.kind == "batch_dependent", diag.message
+
+
+def test_fc_column_blocks_reversed_is_fc_wrong_on_a_right_capture() -> None:
+    """suites/test_fc_projection.py's judgement: fc on the engine's own (right) features."""
+    oracle = committed_oracle()
+    engine = _engine(FcColumnBlocksReversed)
+    try:
+        capture = engine.capture(oracle.pinned_prompts)
+    finally:
+        engine.close()
+    draft = oracle.draft(DRAFT)
+    with pytest.raises(ConformanceFailure) as failed:
+        assert_fc_matches(fc_out=capture.fc_out, features=capture.features,
+                          expected=[oracle.fc(DRAFT, f) for f in capture.features], dtype="float32",
+                          draft_hidden=draft.cfg.hidden_size, norm_before_fc=draft.cfg.norm_before_fc,
+                          fc_norm=draft.cfg.fc_norm, engine_name="FcColumnBlocksReversed", draft=DRAFT,
+                          prompts=oracle.pinned_prompts)
+    (diag,) = failed.value.diagnoses
+    assert diag.kind in FcColumnBlocksReversed.acceptable and diag.kind == "fc_wrong", diag.message

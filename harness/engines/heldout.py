@@ -26,8 +26,8 @@ class HeldOut(Mutant):
     the evidence that shows it (capture, batch or acceptance)."""
 
     acceptable: ClassVar[tuple[str, ...]]
-    # "capture", "batch", "acceptance", "decode" (suites/test_decode_inputs.py's judgement) or
-    # "history" (suites/test_request_history.py's)
+    # "capture", "batch", "acceptance", "fc" (suites/test_fc_projection.py's judgement),
+    # "decode" (suites/test_decode_inputs.py's) or "history" (suites/test_request_history.py's)
     shows_in: ClassVar[str]
 
 
@@ -283,9 +283,61 @@ class PrefixCacheStaleAux(HeldOut):
         return x
 
 
+# -- batching and fc (issue #31 item 6) ---------------------------------------------------------
+
+
+class LeftPaddingMaskedFullWidth(HeldOut):
+    """A ragged batch left-padded (as HF `generate` pads) with its attention mask built from
+    the batch's width instead of each request's length (all ones): every shorter prompt's tokens
+    attend to the padding rows before them, so its aux states depend on its batch's longest
+    prompt. Positions are still counted per request, and the longest prompt of a batch (no
+    padding) and every prompt served alone are right: only a batch shows it. (A mask dropped
+    outright hides here: transformers then reads sequence starts off the positions, which
+    restart at each prompt.)"""
+
+    name = "harness.engines.heldout:LeftPaddingMaskedFullWidth"
+    bug_class = "left-padded capture batch masked as if every request were full width (padding attended)"
+    expected_diagnosis_kind = "batch_dependent"
+    acceptable = ("batch_dependent", "unrecognised")
+    shows_in = "capture"
+    hook = "batch_attention_mask"
+    issue = "#31 item 6 (batching: padding rows leaking into a request of a ragged batch)"
+    padding_side = "left"
+
+    def batch_attention_mask(self, mask: torch.Tensor) -> torch.Tensor | None:
+        return torch.ones_like(mask)
+
+
+class FcColumnBlocksReversed(HeldOut):
+    """fc's weight with its input-column blocks (one per aux slot) in reverse slot order: a
+    checkpoint converter that reorders fc's columns for an engine capturing deepest first, loaded
+    by one that captures in config order. The capture is as trained; fc's output is not, and
+    single-aux (one block) is untouched."""
+
+    name = "harness.engines.heldout:FcColumnBlocksReversed"
+    bug_class = "fc weight's per-slot column blocks in reverse order"
+    expected_diagnosis_kind = "fc_wrong"
+    acceptable = ("fc_wrong", "unrecognised")
+    shows_in = "fc"
+    hook = "project"
+    issue = "#31 item 6 (fc: the weight's column blocks permuted by a converter)"
+
+    def project(self, aux: torch.Tensor) -> torch.Tensor:
+        fc = self.draft.fc
+        blocks = fc.weight.split(self.draft.cfg.target_hidden_size, dim=-1)
+        saved = fc.weight.data
+        fc.weight.data = torch.cat(blocks[::-1], dim=-1)
+        try:
+            return self.draft.project(aux)
+        finally:
+            fc.weight.data = saved
+
+
 HELDOUT: dict[str, type[HeldOut]] = {cls.__name__: cls for cls in (
     BoundaryOneReadsEmbedding, MiddleSlotOneEarly, EmbeddingScaled, AuxBatchSizeRounding,
     RecurrentStateNormed, D2tOffsetFromNextIndex,
     # issue #31 item 6: decode feeds, positions, vocabulary map, request history
     RefeedBonusRowStale, RefeedPathReversed, DraftPositionsResetPerRound,
-    RefeedPositionsFromWindowEnd, D2tAppliedTwice, PrefixCacheStaleAux)}
+    RefeedPositionsFromWindowEnd, D2tAppliedTwice, PrefixCacheStaleAux,
+    # batching, fc
+    LeftPaddingMaskedFullWidth, FcColumnBlocksReversed)}
