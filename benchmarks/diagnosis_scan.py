@@ -233,7 +233,7 @@ def main() -> int:
         cells += [(k, MUTANTS[k], "acceptance", (k,)) for k in ("fc_on_recurrent_state", "d2t_absolute")]
         # the zoo's decode-time and history bugs, judged by the checks that see them; fc re-applied
         # to the recurrent state leaves every feed right, so the decode-input check passes it
-        cells += [(k, MUTANTS[k], "decode", (k,)) for k in
+        cells += [(k, MUTANTS[k], "decode", (MUTANTS[k].expected_diagnosis_kind,)) for k in
                   ("decode_rows_one_late", "draft_kv_not_rolled_back", "draft_positions_shifted")]
         cells += [("fc_on_recurrent_state", MUTANTS["fc_on_recurrent_state"], "decode", ("PASS",))]
         cells += [("state_leaks_between_requests", MUTANTS["state_leaks_between_requests"],
