@@ -72,7 +72,8 @@ def _decode_judgement(cls: type[ReferenceEngine]) -> Diagnosis | None:
 def test_every_heldout_mutant_declares_where_it_shows() -> None:
     assert len(HELDOUT) >= 12
     for cls in HELDOUT.values():
-        assert cls.shows_in in ("capture", "batch", "acceptance", "fc", "decode", "history"), cls
+        for where in (cls.shows_in, *cls.also_shows_in):
+            assert where in ("capture", "batch", "acceptance", "fc", "decode", "history"), cls
         assert "unrecognised" in cls.acceptable, f"{cls.__name__}: 'unrecognised' is always acceptable"
 
 
