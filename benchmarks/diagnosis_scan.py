@@ -20,7 +20,15 @@ among the competing explanations, the runner-up, and "AMBIGUOUS" where the repor
 kinds that are right for it); their batch- and acceptance-level bugs are judged the way
 suites/test_batch_invariance.py (diagnose_batch_leak on the pinned batch) and
 suites/test_acceptance.py (explain_shortfall, specforge-default only: ~15 s a cell) judge them,
-with the zoo's fc_on_recurrent_state and d2t_absolute as the acceptance controls.
+with the zoo's fc_on_recurrent_state and d2t_absolute as the acceptance controls. Decode-feed
+and position bugs are judged as suites/test_decode_inputs.py judges them
+(assert_decode_inputs_match on the pinned prompts, every bundle draft), request-history bugs as
+suites/test_request_history.py does (the longest pinned prompts served, unrelated held-out
+prompts, the probes again in reverse order: assert_history_independent, every bundle draft),
+with the zoo's decode_rows_one_late, draft_kv_not_rolled_back, draft_positions_shifted and
+state_leaks_between_requests as controls (and fc_on_recurrent_state, whose feeds are right:
+the decode-input check must pass it); fc bugs as suites/test_fc_projection.py does
+(assert_fc_matches on the engine's own features), with norm_before_fc_flipped as the control.
 """
 
 from __future__ import annotations
@@ -30,7 +38,9 @@ import json
 import shutil
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -43,9 +53,17 @@ from harness.engines.zoo import MUTANTS
 from harness.golden.bundle import load_bundle
 from harness.golden.oracle import Oracle
 from harness.golden.paths import default_bundle_path
-from harness.judgement.acceptance import explain_shortfall, golden_traces
-from harness.judgement.assertions import batch_leaks, diagnose_batch_leak
-from harness.judgement.precision import leak_evidence
+from harness.judgement.acceptance import explain_shortfall, golden_traces, heldout_prompts
+from harness.judgement.assertions import (
+    CaptureContext,
+    ConformanceFailure,
+    assert_decode_inputs_match,
+    assert_fc_matches,
+    assert_history_independent,
+    batch_leaks,
+    diagnose_batch_leak,
+)
+from harness.judgement.precision import leak_evidence, reference_fc
 from harness.tools.mutant_scan import (
     Served,
     bundle_drafts,
@@ -94,6 +112,93 @@ def _acceptance_cell(oracle: Oracle, cls: type[ReferenceEngine], served: Served,
     return diag.kind, diag
 
 
+def _spec_engine(oracle: Oracle, cls: type[ReferenceEngine], served: Served, dtype: str) -> ReferenceEngine:
+    """An engine drafting as the draft's spec says (k tokens), as the suite's fixtures build it."""
+    spec = oracle.spec(served.name)
+    return cls(oracle.bundle.target_dir, served.folder,
+               EngineOptions(dtype=dtype, num_draft_tokens=spec.num_draft_tokens,
+                             training_convention=served.convention))
+
+
+def _failed(check: Callable[[], None]) -> tuple[str, Diagnosis | None]:
+    """PASS, or the kind of the check's (first) diagnosis."""
+    try:
+        check()
+    except ConformanceFailure as failure:
+        diag = failure.diagnoses[0] if failure.diagnoses else None
+        return (diag.kind if diag is not None else "no diagnosis"), diag
+    return "PASS", None
+
+
+def _decode_cell(oracle: Oracle, cls: type[ReferenceEngine], served: Served,
+                 dtype: str) -> tuple[str, Diagnosis | None]:
+    """A decode-feed or position bug judged as suites/test_decode_inputs.py judges it."""
+    spec = oracle.spec(served.name)
+    engine = _spec_engine(oracle, cls, served, dtype)
+    prompts = oracle.pinned_prompts
+    try:
+        decode = engine.decode_inputs(prompts, int(oracle.bundle.manifest["prompts"]["continuation_len"]))
+    finally:
+        engine.close()
+    ctx = CaptureContext(training_boundaries=spec.boundaries, config_ids=spec.layer_ids, dtype=dtype,
+                         engine_name=cls.__name__, draft=served.name, check="diagnosis_scan",
+                         engine_convention=engine.convention)
+    return _failed(lambda: assert_decode_inputs_match(ctx, decode=decode, oracle=oracle, prompts=prompts))
+
+
+def _fc_cell(oracle: Oracle, cls: type[ReferenceEngine], served: Served,
+             dtype: str) -> tuple[str, Diagnosis | None]:
+    """An fc bug judged as suites/test_fc_projection.py judges it: fc's output on the engine's
+    own features against the trained fc on those features."""
+    engine = _engine(oracle, cls, served, dtype)
+    try:
+        capture = engine.capture(oracle.pinned_prompts)
+    finally:
+        engine.close()
+    draft = oracle.draft(served.name)
+    return _failed(lambda: assert_fc_matches(
+        fc_out=capture.fc_out, features=capture.features,
+        expected=[oracle.fc(served.name, f) for f in capture.features], dtype=dtype,
+        draft_hidden=draft.cfg.hidden_size, norm_before_fc=draft.cfg.norm_before_fc,
+        fc_norm=draft.cfg.fc_norm, engine_name=cls.__name__, draft=served.name,
+        prompts=oracle.pinned_prompts,
+        same_dtype=reference_fc(oracle, served.name, capture.features, dtype)))
+
+
+# suites/test_request_history.py's serving: PROBES longest pinned prompts, EARLIER unrelated
+# held-out prompts between the two servings, NEW_TOKENS generated per request
+PROBES, EARLIER, NEW_TOKENS = 4, 3, 16
+
+
+def _history_cell(oracle: Oracle, cls: type[ReferenceEngine], served: Served,
+                  dtype: str) -> tuple[str, Diagnosis | None]:
+    """A request-history bug judged as suites/test_request_history.py judges it: each probe
+    captured and generated as its own request, unrelated requests, the probes again reversed."""
+    engine = _spec_engine(oracle, cls, served, dtype)
+
+    def serve(prompts: list[list[int]]) -> dict[str, list[Any]]:
+        out: dict[str, list[Any]] = {"features": [], "tokens": [], "traces": []}
+        for prompt in prompts:
+            out["features"].append(engine.capture([prompt]).features[0])
+            gen = engine.generate([prompt], NEW_TOKENS, True)
+            out["tokens"].append(gen.tokens[0])
+            out["traces"].append(gen.traces[0] if gen.traces is not None else None)
+        return out
+
+    probes = sorted(oracle.pinned_prompts, key=len)[-PROBES:]
+    try:
+        first = serve(probes)
+        serve(heldout_prompts(oracle)[:EARLIER])
+        second = {k: v[::-1] for k, v in serve(probes[::-1]).items()}
+    finally:
+        engine.close()
+    return _failed(lambda: assert_history_independent(
+        prompts=probes, history=f"after {EARLIER} unrelated requests and in reverse order",
+        features=(first["features"], second["features"]), tokens=(first["tokens"], second["tokens"]),
+        traces=(first["traces"], second["traces"]), oracle=oracle, dtype=dtype, device="cpu",
+        engine_name=cls.__name__, draft=served.name, check="diagnosis_scan"))
+
+
 def _engine(oracle: Oracle, cls: type[ReferenceEngine], served: Served, dtype: str) -> ReferenceEngine:
     return cls(oracle.bundle.target_dir, served.folder,
                EngineOptions(dtype=dtype, training_convention=served.convention))
@@ -117,24 +222,43 @@ def main() -> int:
                   and (not args.mutant or k in args.mutant))
     held = sorted(k for k in HELDOUT if args.heldout and (not args.mutant or k in args.mutant))
     scratch = Path(tempfile.mkdtemp(prefix="diagnosis-scan-"))
-    drafts = bundle_drafts(oracle) + (factory_drafts(oracle, scratch) if args.configs else [])
+    bundle = bundle_drafts(oracle)
+    drafts = bundle + (factory_drafts(oracle, scratch) if args.configs else [])
     rows, wrong, confident = [], 0, 0
     cells: list[tuple[str, type[ReferenceEngine], str, tuple[str, ...]]] = [
         (CONTROL, ReferenceEngine, "capture", ("PASS",))]
     cells += [(k, MUTANTS[k], "capture", (MUTANTS[k].expected_diagnosis_kind,)) for k in keys]
-    cells += [(k, HELDOUT[k], HELDOUT[k].shows_in, HELDOUT[k].acceptable) for k in held]
+    cells += [(k, HELDOUT[k], where, HELDOUT[k].acceptable) for k in held
+              for where in (HELDOUT[k].shows_in, *HELDOUT[k].also_shows_in)]
     if held:  # the zoo bugs the acceptance-level separating experiments must still name
         cells += [(k, MUTANTS[k], "acceptance", (k,)) for k in ("fc_on_recurrent_state", "d2t_absolute")]
+        # the zoo's decode-time and history bugs, judged by the checks that see them; fc re-applied
+        # to the recurrent state leaves every feed right, so the decode-input check passes it
+        cells += [(k, MUTANTS[k], "decode", (MUTANTS[k].expected_diagnosis_kind,)) for k in
+                  ("decode_rows_one_late", "draft_kv_not_rolled_back", "draft_positions_shifted")]
+        cells += [("fc_on_recurrent_state", MUTANTS["fc_on_recurrent_state"], "decode", ("PASS",))]
+        cells += [("state_leaks_between_requests", MUTANTS["state_leaks_between_requests"],
+                   "history", ("history_dependent",))]
+        cells += [("norm_before_fc_flipped", MUTANTS["norm_before_fc_flipped"], "fc", ("fc_wrong",))]
+        cells += [(CONTROL, ReferenceEngine, kind, ("PASS",)) for kind in ("decode", "history", "fc")]
     for key, cls, shows_in, expected_kinds in cells:
         expected = "/".join(expected_kinds)
         for served in drafts:
             draft = served.name
             if shows_in == "acceptance" and draft != "specforge-default":
                 continue
+            if shows_in in ("decode", "history", "fc") and served not in bundle:
+                continue  # served with the draft's own k: the bundle's drafts only
             if shows_in == "capture":
                 got, diag, _ = diagnosed(oracle, cls, served, args.dtype)
             elif shows_in == "batch":
                 got, diag = _batch_cell(oracle, cls, served, args.dtype)
+            elif shows_in == "fc":
+                got, diag = _fc_cell(oracle, cls, served, args.dtype)
+            elif shows_in == "decode":
+                got, diag = _decode_cell(oracle, cls, served, args.dtype)
+            elif shows_in == "history":
+                got, diag = _history_cell(oracle, cls, served, args.dtype)
             else:
                 got, diag = _acceptance_cell(oracle, cls, served, args.dtype)
             margin, runner_up, ambiguous = confidence(diag)
@@ -165,7 +289,7 @@ def main() -> int:
     print(f"{args.dtype}: {wrong} of {failing} failing (mutant, draft) cells named wrongly, "
           f"{confident} confidently wrong (a wrong kind printed without 'ambiguous'); "
           f"{sum(r['ambiguous'] for r in rows)} ambiguous"
-          f"{'' if rows[0]['named'] == 'PASS' else '; the control failed'}")
+          f"{'' if all(r['named'] == 'PASS' for r in rows if r['mutant'] == CONTROL) else '; the control failed'}")
     shutil.rmtree(scratch, ignore_errors=True)
     if args.json:
         args.json.write_text(json.dumps({"dtype": args.dtype, "rows": rows, "wrong": wrong,

@@ -12,7 +12,11 @@ Each kind here is told apart from its neighbours by what the feeds show, not by 
 - `draft_positions_shifted`: rows right, every position after the prefill off by the same
   constant (the decode path numbers the draft's positions differently from the prefill);
 - `decode_misaligned`: positions right, prefill rows right, the re-fed rows are the target's
-  features of the row before (one late) or after (one early);
+  features of other positions: all of them the row before (one late) or after (one early), or
+  some rows of each round (a stale bonus row, a round's rows reversed) with every other re-fed
+  row in place;
+- `draft_positions_shifted` also where the feeds after the prefill restart at position 0 each
+  round, or are counted back from the verify window's end (off by the number rejected);
 - `history_dependent`: a prompt's feeds, captures or acceptance depend on the requests served
   before it (the prefill of a fresh request fed at a position other than 0, varying from
   request to request, is the draft cache of the previous request kept);
@@ -136,6 +140,27 @@ def diagnose_positions(found: Sequence[FeedOffsets]) -> Diagnosis | None:
             f"round (and the drafted steps after it) sits {after[0]:+d} from its place: the "
             f"decode path numbers the draft's positions differently from the prefill",
             offset=after[0], **evidence)
+    refeeds = [(o, n) for f in found for o, n in zip(f.offsets[1:], f.rows[1:], strict=True)]
+    if not ragged and not any(prefill) and refeeds and any(o for o, _ in refeeds):
+        starts = [sum(f.rows[:r]) + o for f in found for r, o in enumerate(f.offsets) if r]
+        if all(s == 0 for s in starts):
+            return decode_diagnosis(
+                "draft_positions_shifted",
+                "the prefill was fed at positions 0..T-1 as trained, but every feed after a verify "
+                "round starts again at position 0 (and its drafted steps after it): the decode path "
+                "numbers the re-fed rows by their index in the round, not their sequence position",
+                offset=None, pattern="reset_per_round", **evidence)
+        ends = {o + n for o, n in refeeds}
+        if len(ends) == 1 and set(steps) <= {0}:
+            end = next(iter(ends))
+            return decode_diagnosis(
+                "draft_positions_shifted",
+                f"every feed after a verify round is off by {end} minus the rows it re-feeds "
+                f"(offsets {[o for o, _ in refeeds[:8]]} for {[n for _, n in refeeds[:8]]} rows): "
+                f"0 where the round accepted every drafted token, the number rejected otherwise. "
+                f"The re-fed positions are counted back from the end of the verify window "
+                f"({end} positions) instead of forward from the accepted prefix",
+                offset=None, pattern="from_window_end", window=end, **evidence)
     growing = [f.after_prefill for f in found if len(f.after_prefill) > 1]
     if not ragged and not any(prefill) and growing and all(
             all(b >= a for a, b in zip(g, g[1:], strict=False)) and g[0] > 0 and g[-1] > g[0]
@@ -148,18 +173,23 @@ def diagnose_positions(found: Sequence[FeedOffsets]) -> Diagnosis | None:
             f"round, e.g. offsets {growing[0][:6]}): the draft cache kept the drafted steps' "
             f"entries and each feed continues after them", per_round=round(per_round, 3),
             **evidence)
+    # no known cause fits: say so with the raw evidence (this used to be kind "unknown", which
+    # is no diagnosis kind and raised inside the check)
     return Diagnosis(
-        kind="unknown",
+        kind="unrecognised",
         message=("the draft's feeds are at positions no known cause explains: per prompt, the "
                  f"offset of each feed from its rows' positions {[f.offsets[:8] for f in found[:3]]}"
-                 + (f", non-consecutive positions inside feeds {ragged[:3]}" if ragged else "")),
-        engine_boundaries=[], training_boundaries=[], suggested_layer_ids=None, details=evidence)
+                 + (f", non-consecutive positions inside feeds {ragged[:3]}" if ragged else "")
+                 + "; no known cause fits (read the per-feed offsets in details)"),
+        engine_boundaries=[], training_boundaries=[], suggested_layer_ids=None,
+        details={**evidence, "confidence_margin": 0.0, "addressee": "engine vendor"})
 
 
 @dataclass(frozen=True)
 class RowShift:
-    """Which neighbour's features the rows re-fed after verify rounds hold: per shift s in
-    (-1, 0, +1), how many rows are identified as position j + s."""
+    """Which positions' features the rows re-fed after verify rounds hold: per shift s, how
+    many re-fed rows are identified as the features of position j + s (any s: a row is
+    compared with every row of its prompt), and the prefill's rows identified in place."""
 
     identified: dict[int, int]
     rows: int
@@ -167,7 +197,7 @@ class RowShift:
     prefill_in_place: int
 
     @property
-    def named(self) -> int | None:
+    def systematic(self) -> int | None:
         """The shift most re-fed rows are identified with, if systematic and not 0."""
         if not self.rows:
             return None
@@ -176,50 +206,96 @@ class RowShift:
             return None
         return shift
 
+    @property
+    def misplaced(self) -> int:
+        """Re-fed rows identified as another position's features."""
+        return sum(c for s, c in self.identified.items() if s)
+
+    @property
+    def named(self) -> int | None:
+        """A misalignment to name: the systematic shift, or else the commonest shift where
+        re-fed rows are misplaced only in part (some rows of each round: the bonus row left
+        stale, a round's rows reversed) but every re-fed row is identified, in place or as
+        another position's features: nothing else in the feed is off."""
+        if self.systematic is not None:
+            return self.systematic
+        clear = sum(self.identified.values())
+        if (self.misplaced >= max(PARTIAL_MIN, PARTIAL_SHARE * self.rows)
+                and clear >= ROW_SHARE * self.rows):
+            return max(((s, c) for s, c in self.identified.items() if s), key=lambda kv: kv[1])[0]
+        return None
+
+
+# A row is identified only where it IS that position's features (relative error at most this),
+# not merely nearer it than to the others: a capture of other boundaries is near no row.
+ROW_MATCH = 0.1
+# A partial misalignment: at least this many re-fed rows, and this share of them, identified as
+# other positions' features (a chance near-duplicate of a repeated token is one or two rows).
+PARTIAL_MIN = 3
+PARTIAL_SHARE = 0.05
+
 
 def row_shift(rows: Sequence[torch.Tensor], expected: Sequence[torch.Tensor],
               prefill_rows: Sequence[int]) -> RowShift:
     """rows[i]: prompt i's fed rows [M, F] (row j for position j); expected[i]: training's fc
     input at positions 0..M-1 [M, F]; prefill_rows[i]: how many of the rows the prefill fed."""
-    identified = {-1: 0, 0: 0, 1: 0}
+    identified: dict[int, int] = {-1: 0, 0: 0, 1: 0}
     total = prefill_total = prefill_ok = 0
     for x, ref, n in zip(rows, expected, prefill_rows, strict=True):
         m = x.shape[0]
+        if not m:
+            continue
+        errors = relative_errors(x[:, None], ref[None, :m])  # [M, M]: row j against position c
         for j in range(m):
-            cands = {s: float(relative_errors(x[j], ref[j + s])) for s in (-1, 0, 1) if 0 <= j + s < m}
-            best = min(cands, key=cands.__getitem__)
-            others = [e for s, e in cands.items() if s != best]
-            clear = not others or min(others) >= ROW_SEPARATION * cands[best]
+            err = errors[j]
+            order = err.argsort()
+            best = int(order[0])
+            second = float(err[order[1]]) if m > 1 else float("inf")
+            clear = float(err[best]) <= ROW_MATCH and second >= ROW_SEPARATION * float(err[best])
             if j < n:
                 prefill_total += 1
-                prefill_ok += int(best == 0 and clear)
-            elif clear:
-                identified[best] += 1
-                total += 1
-            else:
-                total += 1
+                prefill_ok += int(best == j and clear)
+                continue
+            total += 1
+            if clear:
+                identified[best - j] = identified.get(best - j, 0) + 1
     return RowShift(identified, total, prefill_total, prefill_ok)
 
 
 def misaligned_diagnosis(shift: RowShift) -> Diagnosis:
-    side = "late" if shift.named == -1 else "early"
+    prefill = (f"the prefill fed the draft the training features ({shift.prefill_in_place}/"
+               f"{shift.prefill_rows} rows at their own position), but after each verify round ")
+    shifts = {str(k): v for k, v in sorted(shift.identified.items()) if v}
+    if shift.systematic is not None:
+        side = "late" if shift.named == -1 else "early" if shift.named == 1 else f"{shift.named:+d} off"
+        detail = (f"the re-fed rows are one row {side}: {shift.identified[shift.named]}/{shift.rows} of "
+                  f"them are the target's features of position t{shift.named:+d} fed at position t")
+    else:
+        later = sum(c for s, c in shift.identified.items() if s > 0)
+        earlier = sum(c for s, c in shift.identified.items() if s < 0)
+        # as many rows hold a later position's features as an earlier one's: rows swapped
+        pairs = later > 0 and abs(later - earlier) <= 0.1 * (later + earlier)
+        detail = (f"{shift.misplaced}/{shift.rows} of the re-fed rows are the target's features of "
+                  f"another position (rows by offset from their own position: {shifts}), the "
+                  f"other {shift.identified.get(0, 0)} in place"
+                  + ("; as many rows hold a later position's features as an earlier one's: rows of a "
+                     "round swapped among themselves, e.g. the accepted path gathered leaf to root" if pairs else
+                     "; the misplaced rows hold earlier positions' features only: some rows of a "
+                     "round left stale, e.g. the bonus token's row by a copy of the accepted rows "
+                     "alone"))
     return decode_diagnosis(
         "decode_misaligned",
-        f"the prefill fed the draft the training features ({shift.prefill_in_place}/"
-        f"{shift.prefill_rows} rows at their own position), but after each verify round the "
-        f"re-fed rows are one row {side}: {shift.identified[shift.named]}/{shift.rows} of them "
-        f"are the target's features of position t{shift.named:+d} fed at position t (positions "
-        f"themselves in place, so the draft cache is rolled back)",
-        shift=shift.named, identified={str(k): v for k, v in shift.identified.items()},
+        prefill + detail + " (positions themselves in place, so the draft cache is rolled back)",
+        shift=shift.named, systematic=shift.systematic is not None, identified=shifts,
         rows=shift.rows)
 
 
 _TEXT = {
     "decode_misaligned": (
         "decode-time features misaligned — after a verify round the engine re-feeds the accepted "
-        "positions with the verify forward's features taken one row off (an index into the "
-        "verify output counted from the previous round's last position, or the bonus token's "
-        "row). The prefill is right, so the capture checks pass and acceptance falls after the "
+        "positions with the verify forward's features of other rows (one row off: an index into "
+        "the verify output counted from the previous round's last position; or some rows of each "
+        "round: the bonus token's row left stale, the accepted path's rows out of order). The prefill is right, so the capture checks pass and acceptance falls after the "
         "first round. Fix in the engine: re-feed position t with the target's features at t."),
     "draft_positions_shifted": (
         "draft positions shifted — the draft's rotary positions (and causal mask) on its decode "

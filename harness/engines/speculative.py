@@ -211,6 +211,14 @@ class Eagle3Runtime:
         resetting it), so the new request attends to another request's entries."""
         return DraftKV()
 
+    def batch_attention_mask(self, mask: torch.Tensor) -> torch.Tensor | None:
+        """The attention mask a padded capture batch runs with, [B, T] (1: a prompt token,
+        0: padding): as built, so no request attends to padding.
+
+        Mutants: a mask of ones (every request taken as full width), which a right-padded
+        batch survives (padding comes after every prompt token) and a left-padded one does not."""
+        return mask
+
     # ---------------------------------------------------------------- machinery ----------
 
     def aux_of(self, states: TargetStates) -> torch.Tensor:
@@ -367,7 +375,7 @@ class Eagle3Runtime:
             mask[i, sl] = 1
         positions = (mask.cumsum(1) - 1).clamp(min=0)
         _, aux = self.target_forward(ids.to(self.device), positions.to(self.device), None,
-                                     attention_mask=mask.to(self.device))
+                                     attention_mask=self.batch_attention_mask(mask.to(self.device)))
         fc = self.project(aux.to(self.draft.fc.weight.dtype))
         feats, outs = [], []
         for i, n in enumerate(lengths):
