@@ -176,11 +176,11 @@ def test_left_padding_attended_in_a_batch_is_batch_dependent() -> None:
     try:
         with pytest.raises(ConformanceFailure) as failed:
             assert_capture_matches_oracle(
-                features=engine.capture(prompts).features, oracle=oracle, prompts=prompts,
-                dtype="float32", device="cpu", training_boundaries=spec.boundaries,
-                engine_name="LeftPaddingMaskedFullWidth", engine_convention=None,
-                config_ids=spec.layer_ids, draft=DRAFT, check="heldout", in_batch=True,
-                alone=lambda some: [engine.capture([p]).features[0] for p in some])
+                CaptureContext(training_boundaries=spec.boundaries, config_ids=spec.layer_ids,
+                               dtype="float32", engine_name="LeftPaddingMaskedFullWidth", draft=DRAFT,
+                               check="heldout", in_batch=True,
+                               alone=lambda some: [engine.capture([p]).features[0] for p in some]),
+                features=engine.capture(prompts).features, oracle=oracle, prompts=prompts)
     finally:
         engine.close()
     (diag,) = failed.value.diagnoses
