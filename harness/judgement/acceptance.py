@@ -105,10 +105,20 @@ def explain_shortfall(engine: Engine, oracle: Oracle, draft: str, generation: Ge
         gold0 = sum(1 for g in golden for a in g if a >= 1)
         if pos0 >= 0.8 * gold0:
             return deeper_steps_diagnosis(engine, oracle, draft, prompts, new_tokens, pos0, gold0)
-    return Diagnosis(kind="unrecognised", message="acceptance falls short although capture, fc and the "
-                     "vocabulary map match training; inspect the engine's draft loop (positions, "
-                     "KV cache, sampling)", engine_boundaries=[], training_boundaries=list(spec.boundaries),
-                     suggested_layer_ids=None)
+    # say only what was checked: an engine without capture, fc output, drafted tokens or decode
+    # feeds leaves that part unseen, and "drafted tokens lie in the draft vocabulary" is not
+    # "the vocabulary map matches training" (a d2t applied twice keeps tokens inside it)
+    checked = [what for what, seen in (
+        ("the captured aux states", capture is not None),
+        ("fc's output on them", capture is not None and capture.fc_out is not None),
+        ("every drafted token lies in the draft vocabulary (the d2t values themselves are not "
+         "checked here)", generation.proposed is not None),
+        ("the decode-time feeds", decode_verified)) if seen]
+    said = "; ".join(checked) if checked else "nothing the engine exposes could be checked"
+    return Diagnosis(kind="unrecognised", message=f"acceptance falls short and no checked part explains "
+                     f"it (checked and matching training: {said}); inspect the engine's draft loop "
+                     f"(positions, KV cache, sampling, the vocabulary map)", engine_boundaries=[],
+                     training_boundaries=list(spec.boundaries), suggested_layer_ids=None)
 
 
 def judge_trace_exact(engine: Engine, oracle: Oracle, draft: str, generation: Generation,
