@@ -208,3 +208,41 @@ def test_fc_column_blocks_reversed_is_fc_wrong_on_a_right_capture() -> None:
                           prompts=oracle.pinned_prompts)
     (diag,) = failed.value.diagnoses
     assert diag.kind in FcColumnBlocksReversed.acceptable and diag.kind == "fc_wrong", diag.message
+
+
+def _one_prompt(feeds: list[list[int]], steps: int = 3) -> list:
+    """feed_offsets of one prompt whose feeds sit at `feeds`, each followed by `steps` drafted
+    steps right after its last position."""
+    return [feed_offsets(feeds, [list(range(f[-1] + 1, f[-1] + 1 + steps)) for f in feeds])]
+
+
+def test_one_verify_round_cannot_tell_a_constant_shift_from_a_cache_not_rolled_back() -> None:
+    """With one re-feed after the prefill, "every re-feed +3" and "the 3 drafted entries kept
+    in the cache" predict the same positions: the diagnosis says ambiguous, names both and the
+    experiment (more verify rounds), and is not counted confidently wrong whichever it leads
+    with (issue #31: a verdict carries its margin)."""
+    from harness.tools.mutant_scan import confidence
+
+    found = _one_prompt([[0, 1, 2], [6, 7]]) + _one_prompt([[0, 1], [5, 6, 7]])
+    diag = diagnose_positions(found)
+    assert diag is not None and diag.kind in ("draft_positions_shifted", "draft_kv_not_rolled_back"), diag
+    margin, runner_up, ambiguous = confidence(diag)
+    assert ambiguous and margin == 0.0, diag.message
+    assert {diag.kind, diag.details["ambiguous_with"].split(" ")[0]} == {
+        "draft_positions_shifted", "draft_kv_not_rolled_back"}, diag.details
+    assert "Ambiguous between" in diag.message and "two or more verify rounds" in diag.message, diag.message
+    assert "root cause:" not in diag.message and "likeliest cause" in diag.message, diag.message
+
+
+def test_a_second_verify_round_separates_them_and_the_margin_counts_the_refuting_feeds() -> None:
+    """The same engines with two re-feeds: a cache not rolled back drifts (+3, +6), a constant
+    shift stays (+3, +3). Each is named, not ambiguous, and its margin is the feeds that refute
+    the other (one per prompt here)."""
+    kept = diagnose_positions(_one_prompt([[0, 1, 2], [6, 7], [11, 12]]) + _one_prompt([[0, 1], [5, 6, 7], [11]]))
+    assert kept is not None and kept.kind == "draft_kv_not_rolled_back", kept and kept.message
+    assert "ambiguous_with" not in kept.details and kept.details["confidence_margin"] == 2.0, kept.details
+    assert kept.details["comparison"]["runner_up"].startswith("draft_positions_shifted"), kept.details
+    shifted = diagnose_positions(_one_prompt([[0, 1, 2], [6, 7], [8, 9]]) + _one_prompt([[0, 1], [5, 6, 7], [8]]))
+    assert shifted is not None and shifted.kind == "draft_positions_shifted", shifted and shifted.message
+    assert shifted.details["offset"] == 3 and shifted.details["confidence_margin"] == 2.0, shifted.details
+    assert "Confidence margin: 2 of" in shifted.message, shifted.message

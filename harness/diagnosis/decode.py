@@ -28,8 +28,9 @@ It names causes and decides nothing: `harness.judgement.assertions` judges.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -61,6 +62,8 @@ class FeedOffsets:
     # then whether they run consecutively
     steps: list[int]
     ragged_steps: list[int]
+    # per feed, how many drafted steps followed it (what a draft cache not rolled back keeps)
+    step_counts: list[int] = field(default_factory=list)
 
     @property
     def prefill(self) -> int:
@@ -80,7 +83,7 @@ def feed_offsets(positions: Sequence[Sequence[int]],
                  step_positions: Sequence[Sequence[int]] = ()) -> FeedOffsets:
     """positions: per feed, the positions it was fed at; step_positions: per feed, the
     positions of the drafted steps that followed it (training: right after the feed's last)."""
-    offsets, ragged, rows, steps, ragged_steps = [], [], [], [], []
+    offsets, ragged, rows, steps, ragged_steps, counts = [], [], [], [], [], []
     start = 0
     for r, pos in enumerate(positions):
         pos = [int(p) for p in pos]
@@ -93,13 +96,177 @@ def feed_offsets(positions: Sequence[Sequence[int]],
             if not _consecutive(after):
                 ragged_steps.append(r)
         rows.append(len(pos))
+        counts.append(len(after))
         start += len(pos)
-    return FeedOffsets(offsets, ragged, rows, steps, ragged_steps)
+    return FeedOffsets(offsets, ragged, rows, steps, ragged_steps, counts)
+
+
+# What each candidate cause predicts for one prompt's feeds, from the prompt's own rows and
+# drafted-step counts and the cause's one fitted number: per feed, its offset from contiguous
+# numbering, and per feed with drafted steps, their offset from right after the feed.
+_PATTERNS: tuple[tuple[str, str | None], ...] = (
+    ("as_trained", None),
+    ("steps_shifted", "draft_positions_shifted"),
+    ("all_shifted", "draft_positions_shifted"),
+    ("decode_shifted", "draft_positions_shifted"),
+    ("reset_per_round", "draft_positions_shifted"),
+    ("from_window_end", "draft_positions_shifted"),
+    ("cache_kept", "draft_kv_not_rolled_back"),
+)
+
+
+@dataclass(frozen=True)
+class PositionCause:
+    """One candidate explanation of the feeds' positions, scored on every prompt's feeds:
+    `misses` counts the feeds and drafted-step runs (of `units`) whose positions it does not
+    predict exactly. Positions are integers, so one mispredicted feed refutes a cause: the
+    margin of a cause that fits every feed over a rival is the number of feeds refuting the
+    rival (0: the evidence does not separate them)."""
+
+    pattern: str
+    kind: str | None  # None: as trained
+    param: int | None
+    misses: int
+    units: int
+
+    @property
+    def name(self) -> str:
+        what = {"as_trained": "as trained",
+                "steps_shifted": f"drafted steps {self.param:+d}" if self.param is not None else "",
+                "all_shifted": f"every row {self.param:+d}" if self.param is not None else "",
+                "decode_shifted": f"every re-feed {self.param:+d}" if self.param is not None else "",
+                "reset_per_round": "re-feeds numbered from 0",
+                "from_window_end": f"re-feeds counted back from a window of {self.param}",
+                "cache_kept": "drafted entries kept in the draft cache"
+                + (f" (less {self.param} per round)" if self.param else "")}[self.pattern]
+        return what if self.kind is None else f"{self.kind} ({what})"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "kind": self.kind, "pattern": self.pattern, "param": self.param,
+                "misses": self.misses, "units": self.units}
+
+
+def _predict(pattern: str, param: int | None, f: FeedOffsets) -> tuple[list[int], list[int]]:
+    """(offset per feed, offset per drafted-step run) that `pattern` predicts for `f`."""
+    n, c = len(f.offsets), param or 0
+    steps = [c if pattern == "steps_shifted" else 0] * len(f.steps)
+    if pattern == "all_shifted":
+        return [c] * n, steps
+    if pattern == "decode_shifted":
+        return [0] + [c] * (n - 1), steps
+    if pattern == "reset_per_round":
+        return [0] + [-sum(f.rows[:r]) for r in range(1, n)], steps
+    if pattern == "from_window_end":
+        return [0] + [c - f.rows[r] for r in range(1, n)], steps
+    if pattern == "cache_kept":
+        out = [0]
+        for r in range(1, n):
+            kept = f.step_counts[r - 1] if r - 1 < len(f.step_counts) else 0
+            out.append(out[-1] + max(kept - c, 0))
+        return out, steps
+    return [0] * n, steps
+
+
+def _mode(values: Sequence[int]) -> int | None:
+    return Counter(values).most_common(1)[0][0] if values else None
+
+
+def _fit(pattern: str, found: Sequence[FeedOffsets]) -> int | None:
+    """The one number `pattern` is free to choose, fitted as the commonest value the feeds
+    that are off imply (None where no feed implies one: the pattern then predicts training)."""
+    if pattern == "steps_shifted":
+        return _mode([s for f in found for s in f.steps if s])
+    if pattern == "all_shifted":
+        return _mode([f.prefill for f in found if f.prefill])
+    if pattern == "decode_shifted":
+        return _mode([o for f in found for o in f.offsets[1:] if o])
+    if pattern == "from_window_end":
+        return _mode([o + n for f in found for o, n in zip(f.offsets[1:], f.rows[1:], strict=True) if o])
+    if pattern == "cache_kept":
+        return _mode([f.step_counts[r - 1] - (f.offsets[r] - f.offsets[r - 1])
+                      for f in found for r in range(1, len(f.offsets))
+                      if r - 1 < len(f.step_counts) and f.offsets[r] > f.offsets[r - 1]]) or 0
+    return None
+
+
+def position_causes(found: Sequence[FeedOffsets]) -> list[PositionCause]:
+    """Every candidate cause scored on every prompt's feeds, fewest misses first (ties in
+    _PATTERNS' order). A feed whose positions are not consecutive, or a drafted-step run that
+    is not, is a miss for every cause: none predicts gaps inside a feed."""
+    causes = []
+    for pattern, kind in _PATTERNS:
+        param = _fit(pattern, found)
+        if kind is not None and pattern not in ("reset_per_round", "cache_kept") and param is None:
+            continue  # nothing off where this pattern would have it: it is training
+        misses = units = 0
+        for f in found:
+            offsets, steps = _predict(pattern, param, f)
+            misses += sum(a != b for a, b in zip(offsets, f.offsets, strict=True))
+            misses += sum(a != b for a, b in zip(steps, f.steps, strict=True))
+            misses += len(f.ragged) + len(f.ragged_steps)
+            units += len(f.offsets) + len(f.steps)
+        causes.append(PositionCause(pattern, kind, param, misses, units))
+    order = {p: i for i, (p, _) in enumerate(_PATTERNS)}
+    return sorted(causes, key=lambda c: (c.misses, order[c.pattern]))
+
+
+# The experiment that separates two causes fitting the same feeds, by what tells them apart.
+_SEPARATE = {
+    frozenset({"decode_shifted", "cache_kept"}): (
+        "serve longer generations, so that each prompt has two or more verify rounds after the "
+        "prefill: a constant offset stays, a draft cache not rolled back drifts further each round"),
+    frozenset({"decode_shifted", "from_window_end"}): (
+        "serve prompts whose verify rounds accept different numbers of tokens: a count back from "
+        "the window's end moves with the rows re-fed, a constant offset does not"),
+    frozenset({"from_window_end", "cache_kept"}): (
+        "serve prompts whose verify rounds accept every drafted token: a count back from the "
+        "window's end is then right, a draft cache not rolled back still drifts"),
+}
+
+
+def _sentence(pattern: str, param: int | None, found: Sequence[FeedOffsets]) -> str:
+    """What the feeds show under the winning pattern, in the engine's terms."""
+    refeeds = [(o, n) for f in found for o, n in zip(f.offsets[1:], f.rows[1:], strict=True)]
+    if pattern == "steps_shifted":
+        return (f"every feed is at its sequence positions, but the drafted steps after each feed "
+                f"run {param:+d} from where they belong (training: the first drafted step right "
+                f"after the feed's last position, then one further per step)")
+    if pattern == "all_shifted":
+        return (f"every row the draft was fed, prefill included, sits {param:+d} positions from "
+                f"its place in the sequence (training: row t at position t)")
+    if pattern == "decode_shifted":
+        return (f"the prefill was fed at positions 0..T-1 as trained, but every feed after a "
+                f"verify round (and the drafted steps after it) sits {param:+d} from its place: "
+                f"the decode path numbers the draft's positions differently from the prefill")
+    if pattern == "reset_per_round":
+        return ("the prefill was fed at positions 0..T-1 as trained, but every feed after a verify "
+                "round starts again at position 0 (and its drafted steps after it): the decode path "
+                "numbers the re-fed rows by their index in the round, not their sequence position")
+    if pattern == "from_window_end":
+        return (f"every feed after a verify round is off by {param} minus the rows it re-feeds "
+                f"(offsets {[o for o, _ in refeeds[:8]]} for {[n for _, n in refeeds[:8]]} rows): "
+                f"0 where the round accepted every drafted token, the number rejected otherwise. "
+                f"The re-fed positions are counted back from the end of the verify window "
+                f"({param} positions) instead of forward from the accepted prefix")
+    growing = [f.after_prefill for f in found if len(f.after_prefill) > 1] or [
+        f.after_prefill for f in found if f.after_prefill]
+    per_round = sum((g[-1] - g[0]) / max(len(g) - 1, 1) if len(g) > 1 else g[0] for g in growing) / len(growing)
+    return (f"the rows fed after each verify round are right, but their positions drift further "
+            f"from the accepted prefix round after round (about {per_round:.1f} positions per "
+            f"round, e.g. offsets {growing[0][:6]}): the draft cache kept the drafted steps' "
+            f"entries and each feed continues after them")
 
 
 def diagnose_positions(found: Sequence[FeedOffsets]) -> Diagnosis | None:
     """The cause of feeds at positions other than their rows' (None: every feed in place).
-    `found`: per prompt, in the order the prompts were served."""
+    `found`: per prompt, in the order the prompts were served.
+
+    A model comparison (issue #31): every candidate cause predicts every feed's position and is
+    scored by the feeds it mispredicts (`position_causes`); a cause is named only where it
+    predicts every feed, its margin is the feeds refuting the best rival of another kind, and
+    where a rival fits every feed too the diagnosis says "ambiguous" and names the experiment
+    that separates them (e.g. a constant re-feed offset and a cache not rolled back agree while
+    each prompt has only one verify round after its prefill)."""
     if all(not any(f.offsets) and not f.ragged and not any(f.steps) and not f.ragged_steps
            for f in found):
         return None
@@ -114,75 +281,66 @@ def diagnose_positions(found: Sequence[FeedOffsets]) -> Diagnosis | None:
             f"each prompt's prefill was fed to the draft at a different first position "
             f"({prefill[:8]} for prompts served in order; training: 0 for every request); on "
             f"{kept}/{len(found) - 1} prompts it starts at or after the end of the previous "
-            f"request's feeds: the draft cache of an earlier request was not cleared", **evidence)
-    ragged = [(i, f.ragged[:3]) for i, f in enumerate(found) if f.ragged]
-    after = [a for f in found for a in f.after_prefill]
-    steps = {s for f in found for s in f.steps}
-    evidence["drafted_step_offsets"] = sorted(steps)
-    if (not ragged and not any(prefill) and set(after) <= {0} and len(steps) == 1
-            and not any(f.ragged_steps for f in found)):
-        return decode_diagnosis(
-            "draft_positions_shifted",
-            f"every feed is at its sequence positions, but the drafted steps after each feed "
-            f"run {next(iter(steps)):+d} from where they belong (training: the first drafted "
-            f"step right after the feed's last position, then one further per step)",
-            offset=next(iter(steps)), **evidence)
-    if not ragged and set(prefill) == {prefill[0]} and set(after) <= {0} and prefill[0]:
-        return decode_diagnosis(
-            "draft_positions_shifted",
-            f"every row the draft was fed, prefill included, sits {prefill[0]:+d} positions "
-            f"from its place in the sequence (training: row t at position t)",
-            offset=prefill[0], **evidence)
-    if not ragged and not any(prefill) and len(set(after)) == 1:
-        return decode_diagnosis(
-            "draft_positions_shifted",
-            f"the prefill was fed at positions 0..T-1 as trained, but every feed after a verify "
-            f"round (and the drafted steps after it) sits {after[0]:+d} from its place: the "
-            f"decode path numbers the draft's positions differently from the prefill",
-            offset=after[0], **evidence)
-    refeeds = [(o, n) for f in found for o, n in zip(f.offsets[1:], f.rows[1:], strict=True)]
-    if not ragged and not any(prefill) and refeeds and any(o for o, _ in refeeds):
-        starts = [sum(f.rows[:r]) + o for f in found for r, o in enumerate(f.offsets) if r]
-        if all(s == 0 for s in starts):
-            return decode_diagnosis(
-                "draft_positions_shifted",
-                "the prefill was fed at positions 0..T-1 as trained, but every feed after a verify "
-                "round starts again at position 0 (and its drafted steps after it): the decode path "
-                "numbers the re-fed rows by their index in the round, not their sequence position",
-                offset=None, pattern="reset_per_round", **evidence)
-        ends = {o + n for o, n in refeeds}
-        if len(ends) == 1 and set(steps) <= {0}:
-            end = next(iter(ends))
-            return decode_diagnosis(
-                "draft_positions_shifted",
-                f"every feed after a verify round is off by {end} minus the rows it re-feeds "
-                f"(offsets {[o for o, _ in refeeds[:8]]} for {[n for _, n in refeeds[:8]]} rows): "
-                f"0 where the round accepted every drafted token, the number rejected otherwise. "
-                f"The re-fed positions are counted back from the end of the verify window "
-                f"({end} positions) instead of forward from the accepted prefix",
-                offset=None, pattern="from_window_end", window=end, **evidence)
-    growing = [f.after_prefill for f in found if len(f.after_prefill) > 1]
-    if not ragged and not any(prefill) and growing and all(
-            all(b >= a for a, b in zip(g, g[1:], strict=False)) and g[0] > 0 and g[-1] > g[0]
-            for g in growing):
-        per_round = sum((g[-1] - g[0]) / (len(g) - 1) for g in growing) / len(growing)
-        return fc_diagnosis(
-            "draft_kv_not_rolled_back",
-            f"the rows fed after each verify round are right, but their positions drift further "
-            f"from the accepted prefix round after round (about {per_round:.1f} positions per "
-            f"round, e.g. offsets {growing[0][:6]}): the draft cache kept the drafted steps' "
-            f"entries and each feed continues after them", per_round=round(per_round, 3),
-            **evidence)
-    # no known cause fits: say so with the raw evidence (this used to be kind "unknown", which
-    # is no diagnosis kind and raised inside the check)
-    return Diagnosis(
-        kind="unrecognised",
-        message=("the draft's feeds are at positions no known cause explains: per prompt, the "
-                 f"offset of each feed from its rows' positions {[f.offsets[:8] for f in found[:3]]}"
-                 + (f", non-consecutive positions inside feeds {ragged[:3]}" if ragged else "")
-                 + "; no known cause fits (read the per-feed offsets in details)"),
-        engine_boundaries=[], training_boundaries=[], suggested_layer_ids=None,
-        details={**evidence, "confidence_margin": 0.0, "addressee": "engine vendor"})
+            f"request's feeds: the draft cache of an earlier request was not cleared; no cause "
+            f"within one request predicts {len(set(prefill))} different first positions",
+            confidence_margin=float(len(set(prefill)) - 1), **evidence)
+    evidence["drafted_step_offsets"] = sorted({s for f in found for s in f.steps})
+    causes = position_causes(found)
+    evidence["causes"] = [c.to_json() for c in causes[:6]]
+    fits = [c for c in causes if c.misses == 0 and c.kind is not None]
+    if not fits:
+        nearest = next(c for c in causes if c.kind is not None) if any(c.kind for c in causes) else causes[0]
+        ragged = [(i, f.ragged[:3]) for i, f in enumerate(found) if f.ragged]
+        return Diagnosis(
+            kind="unrecognised",
+            message=("the draft's feeds are at positions no known cause explains: per prompt, the "
+                     f"offset of each feed from its rows' positions {[f.offsets[:8] for f in found[:3]]}"
+                     + (f", non-consecutive positions inside feeds {ragged[:3]}" if ragged else "")
+                     + f"; the nearest cause, {nearest.name}, mispredicts {nearest.misses} of "
+                     f"{nearest.units} feeds and drafted-step runs (read the per-feed offsets in details)"),
+            engine_boundaries=[], training_boundaries=[], suggested_layer_ids=None,
+            details={**evidence, "confidence_margin": 0.0, "addressee": "engine vendor"})
+    winner = fits[0]
+    rivals = [c for c in causes if c.kind is not None and c.kind != winner.kind]
+    runner_up = rivals[0] if rivals else None
+    same_kind = [c.name for c in fits[1:] if c.kind == winner.kind]
+    margin = float(runner_up.misses) if runner_up is not None else float(winner.units)
+    ambiguous = runner_up is not None and runner_up.misses == 0
+    experiment = (_SEPARATE.get(frozenset({winner.pattern, runner_up.pattern}),
+                                "serve more prompts with more verify rounds")
+                  if ambiguous and runner_up is not None else None)
+    detail = _sentence(winner.pattern, winner.param, found)
+    if runner_up is None:
+        detail += "; no cause of another kind is a candidate"
+    elif ambiguous:
+        detail += (f". Ambiguous between {winner.name} and {runner_up.name}: both predict every one "
+                   f"of the {winner.units} feeds and drafted-step runs; the experiment that "
+                   f"separates them: {experiment}")
+    else:
+        detail += (f". Confidence margin: {runner_up.misses} of {winner.units} feeds and drafted-step "
+                   f"runs refute the runner-up, {runner_up.name}; this cause predicts all of them")
+    if same_kind:
+        detail += f" (the feeds fit {', '.join(same_kind)} as well: the same cause and fix)"
+    comparison = {"winner": winner.name, "runner_up": runner_up.name if runner_up else None,
+                  "margin": margin, "ambiguous": ambiguous, "experiment": experiment,
+                  "candidates": evidence["causes"]}
+    extra: dict[str, Any] = {"confidence_margin": margin, "comparison": comparison, **evidence}
+    if ambiguous and runner_up is not None:
+        extra["ambiguous_with"] = runner_up.name
+    if winner.kind == "draft_kv_not_rolled_back":
+        growing = [f.after_prefill for f in found if len(f.after_prefill) > 1]
+        per_round = (sum((g[-1] - g[0]) / (len(g) - 1) for g in growing) / len(growing)) if growing else None
+        diag = fc_diagnosis("draft_kv_not_rolled_back", detail,
+                            per_round=None if per_round is None else round(per_round, 3), **extra)
+    else:
+        offset = winner.param if winner.pattern not in ("reset_per_round", "from_window_end") else None
+        pattern = {"reset_per_round": {"pattern": "reset_per_round"},
+                   "from_window_end": {"pattern": "from_window_end", "window": winner.param}}.get(winner.pattern, {})
+        diag = decode_diagnosis("draft_positions_shifted", detail, offset=offset, **pattern, **extra)
+    if ambiguous and runner_up is not None:
+        diag.message = diag.message.replace(
+            "root cause:", f"likeliest cause, not separated from {runner_up.name}:", 1)
+    return diag
 
 
 @dataclass(frozen=True)
