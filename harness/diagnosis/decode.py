@@ -250,11 +250,16 @@ def _sentence(pattern: str, param: int | None, found: Sequence[FeedOffsets]) -> 
                 f"({param} positions) instead of forward from the accepted prefix")
     growing = [f.after_prefill for f in found if len(f.after_prefill) > 1] or [
         f.after_prefill for f in found if f.after_prefill]
-    per_round = sum((g[-1] - g[0]) / max(len(g) - 1, 1) if len(g) > 1 else g[0] for g in growing) / len(growing)
     return (f"the rows fed after each verify round are right, but their positions drift further "
-            f"from the accepted prefix round after round (about {per_round:.1f} positions per "
-            f"round, e.g. offsets {growing[0][:6]}): the draft cache kept the drafted steps' "
-            f"entries and each feed continues after them")
+            f"from the accepted prefix round after round (about {_drift_per_round(growing):.1f} "
+            f"positions per round, e.g. offsets {growing[0][:6]}): the draft cache kept the drafted "
+            f"steps' entries and each feed continues after them")
+
+
+def _drift_per_round(growing: Sequence[Sequence[int]]) -> float:
+    """The mean drift per verify round of the re-feed offsets after the prefill (a prompt with
+    one re-feed drifted by its offset in its one round)."""
+    return sum((g[-1] - g[0]) / (len(g) - 1) if len(g) > 1 else g[0] for g in growing) / len(growing)
 
 
 def diagnose_positions(found: Sequence[FeedOffsets]) -> Diagnosis | None:
@@ -329,9 +334,8 @@ def diagnose_positions(found: Sequence[FeedOffsets]) -> Diagnosis | None:
         extra["ambiguous_with"] = runner_up.name
     if winner.kind == "draft_kv_not_rolled_back":
         growing = [f.after_prefill for f in found if len(f.after_prefill) > 1]
-        per_round = (sum((g[-1] - g[0]) / (len(g) - 1) for g in growing) / len(growing)) if growing else None
         diag = fc_diagnosis("draft_kv_not_rolled_back", detail,
-                            per_round=None if per_round is None else round(per_round, 3), **extra)
+                            per_round=round(_drift_per_round(growing), 3) if growing else None, **extra)
     else:
         offset = winner.param if winner.pattern not in ("reset_per_round", "from_window_end") else None
         pattern = {"reset_per_round": {"pattern": "reset_per_round"},
