@@ -11,9 +11,10 @@ built for drawn ids (`harness.golden.draft_factory`), in both config layouts, an
   engine declaring its own rule claims the drafts trained with that rule, in list order);
 - the probes: a few lists that tell the candidate rules apart, judged against the rule the
   engine declares; they and every other config served feed the report's observed convention;
-- the fixes: a bundle draft whose capture is diagnosed with suggested ids is re-served with
-  them ("fix verified" / "fix fails: <why>"); where the diagnosis says no id list works, the
-  literal ids are served to show what the engine does instead;
+- the remedies: a bundle draft whose capture is diagnosed with a remedy that is a config
+  change (harness.diagnosis.remedy) is re-served as a remedied copy ("verified" /
+  "unverified: <why>"); where the remedy is an engine change, the literal ids are served to
+  show what the engine does instead;
 - the lint: duplicate and out-of-range ids are rejected before any engine runs.
 
 Engines are expensive (a vLLM worker takes ~15 s to start on a CPU), so one engine per
@@ -28,6 +29,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 import pytest
+import torch
 from hypothesis import HealthCheck, given, reject, settings
 from hypothesis import strategies as st
 
@@ -48,6 +50,15 @@ from harness.diagnosis.observed_convention import (
     trained_as,
 )
 from harness.diagnosis.record import Diagnosis
+from harness.diagnosis.remedy import (
+    UNVERIFIED,
+    VERIFIED,
+    ConfigChange,
+    failed_text,
+    plan,
+    verified_text,
+)
+from harness.diagnosis.remedy import entry as remedy_entry
 from harness.engines.base import (
     Capability,
     Capture,
@@ -63,11 +74,13 @@ from harness.judgement.assertions import (
     CaptureContext,
     ConformanceFailure,
     assert_convention_as_declared,
+    assert_fc_matches,
     assert_fix_holds,
     judge_capture_oracle,
     require,
 )
 from harness.judgement.lint import lint_draft
+from harness.judgement.precision import reference_fc
 from harness.run.profiles import layer_id_examples, layer_id_startup_budget_s
 from harness.run.strategies import invalid_layer_id_configs, layer_id_configs, pinned_prompt_rows
 from harness.run.timeouts import (
@@ -138,7 +151,7 @@ class ServedDrafts:
     def is_new(self, ids: Sequence[int], layout: str, told: str | None) -> bool:
         """Never served: serving it needs an engine start (a served config is answered from
         its pinned-prompt capture or its crash)."""
-        key = (tuple(ids), layout, self.told_key(told))
+        key = (tuple(ids), layout, self.told_key(told), None)
         return key not in self._crashes and not any(k == key for k, _ in self._captures)
 
     def told_key(self, told: str | None) -> str | None:
@@ -149,11 +162,15 @@ class ServedDrafts:
         if self._live is not None and self._live[0] == key:
             return self._live[1]
         self.close()
-        ids, layout, told = key
+        ids, layout, told, source = key
+        # a factory draft for the ids, or a remedied copy of a bundle draft (source: ("remedy",
+        # draft, slot order); harness.diagnosis.remedy)
+        folder = (self.factory.folder(ids, layout) if source is None else
+                  self.factory.remedied(source[1], ids, layout, source[2]))
         started = time.monotonic()
         try:
             engine, self._budget = start_measured(lambda: self.engine_class(
-                self.oracle.bundle.target_dir, self.factory.folder(ids, layout),
+                self.oracle.bundle.target_dir, folder,
                 replace(self.options, training_convention=told)), self.deadlines,
                 self.engine_class)
             self._first = True
@@ -166,18 +183,18 @@ class ServedDrafts:
         return engine
 
     def capture(self, ids: Sequence[int], layout: str, told: str | None,
-                batch: Sequence[Sequence[int]]) -> Capture | tuple[str, list]:
+                batch: Sequence[Sequence[int]], source: tuple | None = None) -> Capture | tuple[str, list]:
         """The capture, or (crash message, its diagnoses). A batch of pinned prompts is cut from
         one capture of the whole pinned set, so a config once served never needs its engine
         again (Hypothesis replays and shrinks without start-ups)."""
         ids = tuple(ids)
-        key = (ids, layout, self.told_key(told))
+        key = (ids, layout, self.told_key(told), source)
         if key in self._crashes:
             return self._crashes[key]
         pinned = [tuple(p) for p in self.oracle.pinned_prompts]
         wanted = [tuple(p) for p in batch]
         if all(p in pinned for p in wanted):
-            whole = self.capture(ids, layout, told, pinned) if wanted != pinned else None
+            whole = self.capture(ids, layout, told, pinned, source) if wanted != pinned else None
             if whole is not None:
                 if isinstance(whole, tuple):
                     return whole
@@ -229,10 +246,12 @@ class ServedDrafts:
         return {"training_boundaries": trained, "pipeline_stages": stages}
 
     def serve(self, ids: Sequence[int], layout: str, told: str | None, trained: Sequence[int],
-              batch: Sequence[Sequence[int]], check: str) -> Served:
-        """Serve, judge against `trained` (assert_capture_matches), record the observation."""
+              batch: Sequence[Sequence[int]], check: str, source: tuple | None = None) -> Served:
+        """Serve, judge against `trained` (assert_capture_matches), record the observation.
+        `source`: serve a remedied copy of a bundle draft instead of the factory draft
+        (`DraftFactory.remedied`); its capture reads the same ids, so it is observed the same."""
         ids = tuple(int(i) for i in ids)
-        out = self.capture(ids, layout, told, batch)
+        out = self.capture(ids, layout, told, batch, source)
         obs = dict(layout=layout, ids=ids, num_layers=self.num_layers, told=self.told_key(told))
         if isinstance(out, tuple):
             message, diagnoses = out
@@ -242,12 +261,12 @@ class ServedDrafts:
                 f"ids {list(ids)} ({layout} config) {what}: {message.removeprefix(NOT_SERVED)} "
                 f"(a config that crashed is not restarted for other prompts)", diagnoses))
         pinned = self.oracle.pinned_prompts
-        key = (ids, layout, self.told_key(told))
+        key = (ids, layout, self.told_key(told), source)
 
         def context() -> tuple[list, list, list]:
             # a shrunk example has a row or two: the whole pinned capture (cached) is the
             # evidence the diagnosis needs
-            whole = self.capture(ids, layout, told, pinned)
+            whole = self.capture(ids, layout, told, pinned, source)
             assert not isinstance(whole, tuple)  # it served the subset cut from it
             return list(pinned), whole.features, [self.oracle.features(p) for p in pinned]
 
@@ -321,10 +340,14 @@ def budgeted(served: ServedDrafts, report, request: pytest.FixtureRequest) -> Se
 
 def test_suggested_fix_verified(engine: Engine, oracle: Oracle, spec: DraftSpec, draft_name: str,
                                 served: ServedDrafts, report) -> None:
-    """A bundle draft whose capture is diagnosed with suggested ids is re-served with them and
-    must capture exactly its training boundaries (for ids_ignored: in the other layout too).
-    Where the diagnosis says no id list works, the literal ids are served and must not work;
-    the report words what the engine did with them."""
+    """A bundle draft whose capture is diagnosed is remedied where the remedy is a change of its
+    config (harness.diagnosis.remedy.plan: the suggested ids, for ids_ignored in either layout;
+    the ids the measured shift calls for, where the engine declares no convention; the ids in
+    the engine's slot order with fc's input blocks permuted): a remedied copy of the draft is
+    re-served and must capture exactly what it asks for ("verified"; else "unverified: <what it
+    held>", and the check fails: the remedy does not hold). A remedy that is an engine change
+    stays "unverified" with that reason; an engine that declares its convention is then served
+    the literal ids, which must not work, and the report words what the engine did with them."""
     require(engine, Capability.CAPTURE)
     batch, n = oracle.pinned_prompts, served.num_layers
     check = f"test_suggested_fix_verified[{draft_name}]"
@@ -338,27 +361,76 @@ def test_suggested_fix_verified(engine: Engine, oracle: Oracle, spec: DraftSpec,
         diag = crash_diagnosis(str(crash), spec.layer_ids, oracle.bundle.hidden_size,
                                engine_convention=engine.convention, training_boundaries=spec.boundaries,
                                num_layers=n, pipeline_stages=getattr(engine, "pipeline_stages", None))
-    if diag is not None and diag.kind == "ok":
+    assert diag is not None
+    if diag.kind == "ok":
         report.fix(draft_name, {"ids": list(spec.layer_ids), "layout": None, "suggested": False,
                                 "result": "no fix needed: the engine captures the training boundaries"})
         return
-    if diag is not None and diag.suggested_layer_ids:
-        ids, suggested = tuple(diag.suggested_layer_ids), True
-    elif engine.convention is not None:
-        ids, suggested = literal_ids(spec.boundaries, engine.convention, n), False
-    else:
-        pytest.skip(f"{draft_name}: the diagnosis suggests no ids and {engine.name} declares no "
-                    f"layer-id convention, so there is no id list to re-serve")
-    layouts = FORMATS if diag is not None and diag.kind == "ids_ignored" else (NESTED,)
-    for layout in layouts:
-        result = served.serve(ids, layout, spec.convention, spec.boundaries, batch, check)
-        detail = result.diagnosis.message if result.diagnosis is not None else ""
-        text, holds = fix_result(ids, layout, spec.boundaries, suggested, result.slots, result.crash, detail)
-        if holds:
-            break
-    report.fix(draft_name, {"ids": list(ids), "layout": layout, "suggested": suggested,
-                            "diagnosis_kind": None if diag is None else diag.kind, "result": text})
+    changes = plan(diag, config_ids=spec.layer_ids, layout=NESTED, trained=spec.boundaries,
+                   num_layers=n, told=served.told_key(spec.convention),
+                   engine_convention=engine.convention)
+    if not isinstance(changes, str):
+        for change in changes:
+            result = served.serve(change.ids, change.layout, spec.convention, change.expected, batch,
+                                  check, source=("remedy", draft_name, change.slot_order))
+            holds = result.failure is None
+            fc_wrong = _permuted_fc_wrong(served, oracle, spec, draft_name, change, batch) if holds else None
+            if holds and fc_wrong is None:
+                text = verified_text(change)
+                break
+            if fc_wrong is not None:
+                holds, text = False, failed_text(change, result.slots, None, fc_wrong)
+                break
+            detail = result.diagnosis.message if result.diagnosis is not None else ""
+            text = failed_text(change, result.slots, result.crash, detail)
+        report.fix(draft_name, remedy_entry(diag, VERIFIED if holds else UNVERIFIED, text, change,
+                                            suggested=bool(diag.suggested_layer_ids)))
+        assert_fix_holds(text, holds, [] if result.failure is None else result.failure.diagnoses)
+        return
+    why = changes
+    if engine.convention is None:
+        report.fix(draft_name, remedy_entry(diag, UNVERIFIED, f"{UNVERIFIED}: {why}",
+                                            ids=list(spec.layer_ids), layout=None, suggested=False))
+        pytest.skip(f"{draft_name}: {why}; {engine.name} declares no layer-id convention, so there "
+                    f"is no literal id list to re-serve either")
+    # the literal ids (what a user would try) must not work: the report words what they do
+    ids = literal_ids(spec.boundaries, engine.convention, n)
+    result = served.serve(ids, NESTED, spec.convention, spec.boundaries, batch, check)
+    detail = result.diagnosis.message if result.diagnosis is not None else ""
+    text, holds = fix_result(ids, NESTED, spec.boundaries, False, result.slots, result.crash, detail)
+    text = f"{UNVERIFIED}: {why}; " + text.removeprefix("no fix: ")
+    report.fix(draft_name, remedy_entry(diag, UNVERIFIED, text, ids=list(ids), layout=NESTED,
+                                        suggested=False))
     assert_fix_holds(text, holds, [] if result.failure is None else result.failure.diagnoses)
+
+
+def _permuted_fc_wrong(served: ServedDrafts, oracle: Oracle, spec: DraftSpec, draft_name: str,
+                       change: ConfigChange, batch: Sequence[Sequence[int]]) -> str | None:
+    """Where the remedied copy's fc input blocks are permuted (`change.slot_order`) and the engine
+    exposes fc's output: why it is not the trained fc of the features in training's slot order
+    (None: it is, or there is nothing to judge). The capture alone shows the slots in the copy's
+    order; this shows the permuted weights undo that order."""
+    if change.slot_order is None:
+        return None
+    cap = served.capture(change.ids, change.layout, spec.convention, batch,
+                         ("remedy", draft_name, change.slot_order))
+    if isinstance(cap, tuple) or cap.fc_out is None:
+        return None
+    draft = oracle.draft(draft_name)
+    width, order = draft.cfg.target_hidden_size, list(change.slot_order)
+    in_training_order = [torch.cat([f[..., order.index(p) * width:(order.index(p) + 1) * width]
+                                    for p in range(len(order))], dim=-1) for f in cap.features]
+    try:
+        assert_fc_matches(fc_out=cap.fc_out, features=in_training_order,
+                          expected=[oracle.fc(draft_name, f) for f in in_training_order],
+                          dtype=served.options.dtype, draft_hidden=draft.cfg.hidden_size,
+                          norm_before_fc=draft.cfg.norm_before_fc, fc_norm=draft.cfg.fc_norm,
+                          engine_name=served.engine_class.name, draft=draft_name, prompts=batch,
+                          same_dtype=reference_fc(oracle, draft_name, in_training_order,
+                                                  served.options.dtype))
+    except ConformanceFailure as failure:
+        return f"fc's output on the copy is not the trained fc: {str(failure).splitlines()[0]}"
+    return None
 
 
 @pytest.mark.parametrize("layout", FORMATS)

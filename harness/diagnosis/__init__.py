@@ -14,4 +14,7 @@ id list (or engine fix) that removes it. It words causes; it never decides pass/
 - `observed_convention`: the layer-id rule an engine was measured to apply over every
   config it was served, and whose drafts it therefore serves as trained (torch-free: the
   report renders it).
+- `remedy`: which remedies are a change of the draft's config, the remedied copy to re-serve
+  for a diagnosis, and the "verified" / "unverified: <why>" wording (torch-free: the report
+  words every diagnosis' remedy with it).
 """

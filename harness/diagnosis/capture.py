@@ -33,7 +33,10 @@ from harness.diagnosis.evidence import (
 from harness.diagnosis.fingerprint import fingerprint
 from harness.diagnosis.record import (
     AMBIGUOUS,
+    DRAFT_OWNER,
+    ENGINE_VENDOR,
     FINAL_NORMED,
+    UNDETERMINED,
     ZERO,
     Diagnosis,
     Label,
@@ -375,9 +378,6 @@ def diagnose_capture(
                      consistent_conventions=consistent, num_layers=n, offset=offset, details=details)
 
 
-ENGINE_VENDOR = "engine vendor"
-DRAFT_OWNER = "draft owner"
-UNDETERMINED = "undetermined"
 _TO = {ENGINE_VENDOR: "For the engine vendor: ", DRAFT_OWNER: "For the draft owner: ",
        UNDETERMINED: "For the engine vendor or the draft owner: "}
 

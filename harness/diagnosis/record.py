@@ -27,6 +27,11 @@ THROUGHPUT_KINDS = ("speculation_overhead",)
 KINDS = (CAPTURE_KINDS + DRAFT_SIDE_KINDS + DECODE_KINDS + CRASH_KINDS + VALUE_KINDS
          + THROUGHPUT_KINDS)
 
+# whom a remedy is for (Diagnosis.details["addressee"], report.json's diagnoses[].addressee)
+ENGINE_VENDOR = "engine vendor"
+DRAFT_OWNER = "draft owner"
+UNDETERMINED = "undetermined"
+
 FINAL_NORMED = "final_normed"
 ZERO = "zero"
 # reduced precision only: a token no golden state is clearly nearest to (none `separation`

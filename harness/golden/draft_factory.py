@@ -98,6 +98,7 @@ class DraftFactory:
                                   if not self._base_config(n).fc_norm
                                   and not self._base_config(n).norm_before_fc), bundle.draft_names[0])
         self._built: dict[tuple[tuple[int, ...], str], Path] = {}
+        self._remedied: dict[tuple, Path] = {}
 
     def _base_config(self, name: str) -> DraftConfig:
         return DraftConfig.from_json(json.loads((self.bundle.draft_dir(name) / "config.json").read_text()))
@@ -114,6 +115,47 @@ class DraftFactory:
         if key not in self._built:
             self._built[key] = self._write(ids, layout)
         return self._built[key]
+
+    def remedied(self, draft: str, ids: Sequence[int], layout: str = NESTED,
+                 slot_order: Sequence[int] | None = None) -> Path:
+        """A copy of the bundle draft `draft`, its trained weights kept, with its config's ids
+        set to `ids` in `layout`, and where `slot_order` is given fc's input column blocks (and
+        the per-slot and whole-input norms before fc) permuted so that the copy's slot j is the
+        original's slot slot_order[j]: the remedy of a diagnosis, re-served
+        (harness.diagnosis.remedy)."""
+        ids = tuple(int(i) for i in ids)
+        order = None if slot_order is None else tuple(int(p) for p in slot_order)
+        cfg = self._base_config(draft)
+        if order is not None and sorted(order) != list(range(cfg.num_aux)):
+            raise DraftFactoryError(f"slot order {list(order)} is no permutation of {cfg.num_aux} slots")
+        key = (("remedy", draft, order), ids, layout)
+        if key not in self._remedied:
+            if layout not in FORMATS:
+                raise DraftFactoryError(f"unknown draft config format {layout!r}; use one of {FORMATS}")
+            state = load_file(str(self.bundle.draft_dir(draft) / "model.safetensors"))
+            if order is not None:
+                width = cfg.target_hidden_size
+
+                def blocks(t: torch.Tensor) -> torch.Tensor:
+                    return torch.cat([t[..., p * width:(p + 1) * width] for p in order], dim=-1)
+
+                state["fc.weight"] = blocks(state["fc.weight"])
+                if "input_norm.weight" in state:
+                    state["input_norm.weight"] = blocks(state["input_norm.weight"])
+                old = {p: state[f"fc_norm.{p}.weight"] for p in order if f"fc_norm.{p}.weight" in state}
+                for j, p in enumerate(order):
+                    if p in old:
+                        state[f"fc_norm.{j}.weight"] = old[p]
+            name = (f"remedy-{draft}-ids_" + "_".join(str(i).replace("-", "m") for i in ids)
+                    + ("" if order is None else "-order_" + "_".join(map(str, order))) + f"-{layout}")
+            folder = self.scratch / name
+            folder.mkdir(parents=True, exist_ok=True)
+            save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
+            (folder / "config.json").write_text(json.dumps(config_json(
+                replace(cfg, aux_layer_ids=ids), layout,
+                verifier=str(self.bundle.target_dir.resolve())), indent=2) + "\n")
+            self._remedied[key] = folder
+        return self._remedied[key]
 
     def _write(self, ids: tuple[int, ...], layout: str) -> Path:
         base_dir = self.bundle.draft_dir(self.base)

@@ -33,13 +33,16 @@ def who_acts(kind: str) -> str:
 
 
 def fix_class(result: str) -> str:
-    """CSS class of a re-served fix's result text (harness.diagnosis.observed_convention.fix_result):
-    "ok" for verified or nothing to fix, "warn" where no id list can fix it (the engine must
-    change), "bad" where the suggested fix failed."""
+    """CSS class of a re-served fix's result text (harness.diagnosis.observed_convention.fix_result,
+    harness.diagnosis.remedy): "ok" for verified or nothing to fix, "warn" where no id list can
+    fix it or the remedy could not be re-served (the engine must change), "bad" where the
+    suggested fix or the remedied copy failed."""
     text = result.strip().lower()
-    if text.startswith(("fix verified", "no fix needed", "nothing to fix")):
+    if text.startswith(("fix verified", "no fix needed", "nothing to fix", "verified")):
         return "ok"
-    if text.startswith("no fix") or text.startswith("the diagnosis says no id list"):
+    if text.startswith("unverified: re-served"):  # the remedied copy still failed
+        return "bad"
+    if text.startswith(("no fix", "the diagnosis says no id list", "unverified")):
         return "warn"
     return "bad"
 

@@ -190,7 +190,7 @@ class ReportCollector:
               dtype: str | None, started: float, finished: float,
               interrupted: str | None = None, extra: dict[str, Any] | None = None) -> dict[str, Any]:
         """The report.json dict. `interrupted`: why the session stopped early, if it did."""
-        checks = [c.to_json() for c in self.checks.values()]
+        checks = [self._with_remedies(c.to_json()) for c in self.checks.values()]
         summary = summarize(checks, interrupted=interrupted,
                             engine_unavailable=self.engine_unavailable)
         primary = drafts[0] if drafts else (next(iter(self.metrics), None))
@@ -221,6 +221,19 @@ class ReportCollector:
         report.update(extra or {})
         return jsonable(report)
 
+
+    def _with_remedies(self, check: dict[str, Any]) -> dict[str, Any]:
+        """Each diagnosis with what became of its remedy (`remedy`: {"status": "verified" or
+        "unverified", "result"}): the draft's remedied copy re-served by the layer-id check where
+        it addressed this kind, else why the remedy is unverified (harness.diagnosis.remedy)."""
+        from harness.diagnosis.remedy import remedy_of
+
+        fix = self.fixes.get(str(check.get("draft")))
+        diagnoses = []
+        for d in check["diagnoses"]:
+            remedy = remedy_of(d, fix)
+            diagnoses.append(d if remedy is None else {**d, "remedy": remedy})
+        return {**check, "diagnoses": diagnoses}
 
     def _observed_convention(self) -> dict[str, Any]:
         """Always present (a stable key): empty layouts where the layer-id check did not run."""

@@ -100,6 +100,8 @@ def render_markdown(report: dict[str, Any]) -> str:
                     out.append(f"  - suggested layer ids: `{fix}`")
                 if d.get("addressee"):
                     out.append(f"  - addressed to: {d['addressee']}")
+                if d.get("remedy"):
+                    out.append(f"  - remedy {d['remedy']['result']}")
     return "\n".join(out) + "\n"
 
 
@@ -124,11 +126,13 @@ def _observed_markdown(observed: dict[str, Any] | None, level: str) -> list[str]
         out.append(f"  - lists served (ids -> slots): {_md_cell(lists)}")
     fixes = observed.get("fixes") or []
     if fixes:
-        out += ["", "Each bundle draft's diagnosis re-served with the ids it suggests (or, where it says no "
-                "id list works, the literal ids):", "",
-                "| draft | ids re-served | layout | result |", "|---|---|---|---|"]
-        out += [f"| {_md_cell(f['draft'])} | {_md_cell(f.get('ids'))} | {_md_cell(f.get('layout') or '—')} | "
-                f"{_md_cell(f['result'])} |" for f in fixes]
+        out += ["", "Each bundle draft's diagnosis with its remedy re-served where the remedy is a config "
+                "change (a remedied copy of the draft: verified or unverified), else why it is unverified "
+                "(and, where the engine declares its convention, the literal ids):", "",
+                "| draft | diagnosis | ids re-served | layout | remedy | result |", "|---|---|---|---|---|---|"]
+        out += [f"| {_md_cell(f['draft'])} | {_md_cell(f.get('diagnosis_kind') or '—')} | "
+                f"{_md_cell(f.get('ids'))} | {_md_cell(f.get('layout') or '—')} | "
+                f"{_md_cell(f.get('remedy') or '—')} | {_md_cell(f['result'])} |" for f in fixes]
     return out
 
 
