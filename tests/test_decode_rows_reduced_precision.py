@@ -107,3 +107,4 @@ def test_the_bf16_judgement_names_rows_one_late_not_a_capture_kind() -> None:
     assert [d.kind for d in judged.diagnoses] == ["decode_misaligned"], str(judged.failure)[:600]
     text = str(judged.failure)
     assert "one row late" in text and "margin over the runner-up" in text, text[:800]
+    assert judged.diagnoses[0].details["confidence_margin"] >= PARTIAL_MIN

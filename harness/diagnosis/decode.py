@@ -501,7 +501,21 @@ def misaligned_diagnosis(shift: RowShift) -> Diagnosis:
         "decode_misaligned",
         prefill + detail + " (positions themselves in place, so the draft cache is rolled back)",
         shift=shift.named, systematic=shift.systematic is not None, identified=shifts,
-        rows=shift.rows, ambiguous=shift.ambiguous, margin_rows=shift.margin)
+        rows=shift.rows, ambiguous=shift.ambiguous, **_comparison(shift))
+
+
+def _comparison(shift: RowShift) -> dict[str, Any]:
+    """The model comparison's fields every diagnosis carries (confidence_margin, comparison,
+    ambiguous_with where the runner-up is not separated), in rows: what the scan and the
+    report read."""
+    other = shift.runner_up[0]
+    runner = "rows in place" if other == 0 else f"rows t{other:+d}"
+    out: dict[str, Any] = {"confidence_margin": float(shift.margin),
+                           "comparison": {"winner": f"rows t{shift.named:+d}", "runner_up": runner,
+                                          "unit": "re-fed rows"}}
+    if shift.margin < PARTIAL_MIN:
+        out["ambiguous_with"] = runner
+    return out
 
 
 def _margin(shift: RowShift) -> str:
