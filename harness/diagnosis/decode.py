@@ -350,23 +350,66 @@ def diagnose_positions(found: Sequence[FeedOffsets]) -> Diagnosis | None:
 @dataclass(frozen=True)
 class RowShift:
     """Which positions' features the rows re-fed after verify rounds hold: per shift s, how
-    many re-fed rows are identified as the features of position j + s (any s: a row is
-    compared with every row of its prompt), and the prefill's rows identified in place."""
+    many re-fed rows are identified as the features of position j + s alone (any s: a row is
+    compared with every row of its prompt), how many are consistent with s (s is among the
+    positions the row is near: identified as j + s, or near j + s and another position alike),
+    and the prefill's rows consistent with their own position.
+
+    Rows near several positions carry no evidence between them: where a continuation repeats a
+    token, the target's states at the repeats differ by less than reduced precision's noise
+    (bf16: the re-fed rows of zoo:decode_rows_one_late were 24% such rows on the pinned
+    prompts), so a shift is named from the rows that separate the candidates, and is not refuted
+    by the rows that cannot."""
 
     identified: dict[int, int]
     rows: int
     prefill_rows: int
     prefill_in_place: int
+    consistent: dict[int, int] = field(default_factory=dict)
+    ambiguous: int = 0
+
+    @property
+    def clear(self) -> int:
+        """Re-fed rows identified as one position's features."""
+        return sum(self.identified.values())
+
+    def _ranked(self) -> list[tuple[int, int]]:
+        """(shift, rows consistent with it), most consistent first (a tie: the smaller shift)."""
+        return sorted(self.consistent.items(), key=lambda kv: (-kv[1], abs(kv[0]), kv[0]))
 
     @property
     def systematic(self) -> int | None:
-        """The shift most re-fed rows are identified with, if systematic and not 0."""
-        if not self.rows:
+        """The shift the re-fed rows hold, if systematic and not 0: of every shift, the one the
+        most re-fed rows are consistent with, ROW_SHARE of them, while the rows being in place
+        is refuted by more than the rest (a continuation that repeats with period p leaves the
+        shifts p apart consistent with most rows too: `runner_up` and `margin` say how far the
+        rows separate them)."""
+        if not self.rows or not self.consistent:
             return None
-        shift, count = max(self.identified.items(), key=lambda kv: kv[1])
+        shift, count = self._ranked()[0]
         if shift == 0 or count < ROW_SHARE * self.rows:
             return None
+        if self.consistent.get(0, 0) >= ROW_SHARE * self.rows or self.identified.get(shift, 0) < 1:
+            return None
         return shift
+
+    @property
+    def runner_up(self) -> tuple[int, int]:
+        """(shift, rows consistent with it) of the best explanation other than the named one
+        (the rows in place among them)."""
+        named = self.named
+        return next(((s, c) for s, c in self._ranked() if s != named), (0, 0))
+
+    @property
+    def margin(self) -> int:
+        """Rows consistent with the named shift that refute its runner-up: the evidence for the
+        shift over the next-best explanation (0 where nothing is named)."""
+        named = self.named
+        if named is None:
+            return 0
+        if self.systematic is None:  # a partial misalignment: the rows it misplaces
+            return self.misplaced
+        return self.consistent.get(named, 0) - self.runner_up[1]
 
     @property
     def misplaced(self) -> int:
@@ -377,13 +420,12 @@ class RowShift:
     def named(self) -> int | None:
         """A misalignment to name: the systematic shift, or else the commonest shift where
         re-fed rows are misplaced only in part (some rows of each round: the bonus row left
-        stale, a round's rows reversed) but every re-fed row is identified, in place or as
+        stale, a round's rows reversed) but every re-fed row is near a position, in place or
         another position's features: nothing else in the feed is off."""
         if self.systematic is not None:
             return self.systematic
-        clear = sum(self.identified.values())
         if (self.misplaced >= max(PARTIAL_MIN, PARTIAL_SHARE * self.rows)
-                and clear >= ROW_SHARE * self.rows):
+                and self.clear + self.ambiguous >= ROW_SHARE * self.rows):
             return max(((s, c) for s, c in self.identified.items() if s), key=lambda kv: kv[1])[0]
         return None
 
@@ -400,9 +442,14 @@ PARTIAL_SHARE = 0.05
 def row_shift(rows: Sequence[torch.Tensor], expected: Sequence[torch.Tensor],
               prefill_rows: Sequence[int]) -> RowShift:
     """rows[i]: prompt i's fed rows [M, F] (row j for position j); expected[i]: training's fc
-    input at positions 0..M-1 [M, F]; prefill_rows[i]: how many of the rows the prefill fed."""
+    input at positions 0..M-1 [M, F]; prefill_rows[i]: how many of the rows the prefill fed.
+
+    A row whose smallest error is within ROW_MATCH is near the positions whose error is less
+    than ROW_SEPARATION times that smallest: one such position identifies it; several leave it ambiguous among them (each
+    counted as consistent); none (a capture of other boundaries) refutes every shift."""
     identified: dict[int, int] = {-1: 0, 0: 0, 1: 0}
-    total = prefill_total = prefill_ok = 0
+    consistent: dict[int, int] = {-1: 0, 0: 0, 1: 0}
+    total = prefill_total = prefill_ok = ambiguous = 0
     for x, ref, n in zip(rows, expected, prefill_rows, strict=True):
         m = x.shape[0]
         if not m:
@@ -410,18 +457,22 @@ def row_shift(rows: Sequence[torch.Tensor], expected: Sequence[torch.Tensor],
         errors = relative_errors(x[:, None], ref[None, :m])  # [M, M]: row j against position c
         for j in range(m):
             err = errors[j]
-            order = err.argsort()
-            best = int(order[0])
-            second = float(err[order[1]]) if m > 1 else float("inf")
-            clear = float(err[best]) <= ROW_MATCH and second >= ROW_SEPARATION * float(err[best])
+            best = float(err.min())
+            near = (err < ROW_SEPARATION * best).nonzero().flatten().tolist() if best <= ROW_MATCH else []
+            if best == 0.0:  # bitwise equal: only the positions that equal it too
+                near = (err == 0.0).nonzero().flatten().tolist()
             if j < n:
                 prefill_total += 1
-                prefill_ok += int(best == j and clear)
+                prefill_ok += int(j in near)
                 continue
             total += 1
-            if clear:
-                identified[best - j] = identified.get(best - j, 0) + 1
-    return RowShift(identified, total, prefill_total, prefill_ok)
+            for c in near:
+                consistent[c - j] = consistent.get(c - j, 0) + 1
+            if len(near) == 1:
+                identified[near[0] - j] = identified.get(near[0] - j, 0) + 1
+            elif near:
+                ambiguous += 1
+    return RowShift(identified, total, prefill_total, prefill_ok, consistent, ambiguous)
 
 
 def misaligned_diagnosis(shift: RowShift) -> Diagnosis:
@@ -431,7 +482,8 @@ def misaligned_diagnosis(shift: RowShift) -> Diagnosis:
     if shift.systematic is not None:
         side = "late" if shift.named == -1 else "early" if shift.named == 1 else f"{shift.named:+d} off"
         detail = (f"the re-fed rows are one row {side}: {shift.identified[shift.named]}/{shift.rows} of "
-                  f"them are the target's features of position t{shift.named:+d} fed at position t")
+                  f"them are the target's features of position t{shift.named:+d} fed at position t"
+                  f"{_margin(shift)}")
     else:
         later = sum(c for s, c in shift.identified.items() if s > 0)
         earlier = sum(c for s, c in shift.identified.items() if s < 0)
@@ -449,7 +501,39 @@ def misaligned_diagnosis(shift: RowShift) -> Diagnosis:
         "decode_misaligned",
         prefill + detail + " (positions themselves in place, so the draft cache is rolled back)",
         shift=shift.named, systematic=shift.systematic is not None, identified=shifts,
-        rows=shift.rows)
+        rows=shift.rows, ambiguous=shift.ambiguous, **_comparison(shift))
+
+
+def _comparison(shift: RowShift) -> dict[str, Any]:
+    """The model comparison's fields every diagnosis carries (confidence_margin, comparison,
+    ambiguous_with where the runner-up is not separated), in rows: what the scan and the
+    report read."""
+    other = shift.runner_up[0]
+    runner = "rows in place" if other == 0 else f"rows t{other:+d}"
+    out: dict[str, Any] = {"confidence_margin": float(shift.margin),
+                           "comparison": {"winner": f"rows t{shift.named:+d}", "runner_up": runner,
+                                          "unit": "re-fed rows"}}
+    if shift.margin < PARTIAL_MIN:
+        out["ambiguous_with"] = runner
+    return out
+
+
+def _margin(shift: RowShift) -> str:
+    """The shift's margin over its runner-up, the rows in place, and the rows near several
+    positions alike, in words; where the margin is under PARTIAL_MIN rows, the shift is
+    ambiguous with the runner-up and the sentence names what would separate them."""
+    other, fits = shift.runner_up
+    runner = "the rows being in place" if other == 0 else f"position t{other:+d}"
+    text = (f"; {shift.consistent.get(shift.named, 0)}/{shift.rows} re-fed rows fit t{shift.named:+d}, "
+            f"{shift.consistent.get(0, 0)} fit their own position; margin over the runner-up "
+            f"({runner}): {shift.margin} row(s)")
+    if shift.ambiguous:
+        text += (f"; {shift.ambiguous} row(s) are near several positions alike (the target's "
+                 "states there lie within the dtype's noise of each other, e.g. a repeated token)")
+    if shift.margin < PARTIAL_MIN:
+        text += (f"; ambiguous between t{shift.named:+d} and {runner}: the continuation repeats, so "
+                 "few rows separate them; a prompt whose continuation does not repeat (or fp32) would")
+    return text
 
 
 _TEXT = {
