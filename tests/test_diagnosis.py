@@ -442,3 +442,16 @@ def test_embedding_only_capture_is_named_by_the_probe() -> None:
     assert dropped.kind == "embedding_missing" and dropped.suggested_layer_ids is None
     assert "only the embedding slot is off" in dropped.message
     assert embedding_or_shift(shrunk, diag("unrecognised", [None, None], [0, 4])) is shrunk
+
+
+def test_a_batch_that_changes_nothing_is_not_batch_dependent(golden):
+    """Solo captures equal to the batch's (no prompt differs beyond rtol) are no evidence of a
+    batch leak: the CPU fp16 selftest named aux_rounded_bf16 batch_dependent with 'prompts []
+    differ' and a margin of 0.0765."""
+    from harness.diagnosis.evidence import batch_dependence
+
+    features = _engine(golden, [_noisy(3e-3)(b) for b in SPECFORGE])
+    assert batch_dependence(features, [x.clone() for x in features], golden, SPECFORGE,
+                            1e-3) is None
+    d = diagnose_capture(features, golden, SPECFORGE, alone=[x.clone() for x in features])
+    assert d.kind == "precision_loss", d.message

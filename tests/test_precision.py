@@ -357,3 +357,39 @@ def test_drift_needs_most_of_at_least_four_tokens() -> None:
     precision outlier clearly its own boundary (harness.core.tolerances.DRIFT_REASON)."""
     prompt = max(_oracle().pinned_prompts, key=len)[:2]
     _judge(_bf16(prompt, [2, 4, lambda g: g.boundaries[5] * 1.05]), prompt, "specforge-default")
+
+
+@cache
+def _fp16_engine(draft: str) -> ReferenceEngine:
+    b = _oracle().bundle
+    return ReferenceEngine(b.target_dir, b.draft_dir(draft),
+                           EngineOptions(dtype="float16", training_convention=b.draft(draft).convention))
+
+
+def test_an_fp16_engine_rounding_aux_states_through_bf16_is_a_precision_loss() -> None:
+    """zoo:aux_rounded_bf16 in fp16 (the CPU fp16 selftest at 7ddbf38): every token stays
+    nearest its own boundary, the embedding slot drifts ~10x past the fp16 envelope. It was
+    named batch_dependent with no prompt differing in the batch (margin 0.0765, below 1) or
+    unrecognised; fp16's rtol (0.02) is above bf16 rounding, so only the envelope tells it."""
+    prompt = max(_oracle().pinned_prompts, key=len)
+    fp16 = _fp16_engine("embed-first").capture([prompt]).features
+    _judge(fp16, prompt, "embed-first", dtype="float16")  # the engine itself is correct
+    rounded = [x.bfloat16().to(x.dtype) for x in fp16]
+    with pytest.raises(ConformanceFailure, match="drifting beyond the float16 precision envelope") as err:
+        _judge(rounded, prompt, "embed-first", dtype="float16")
+    diag = err.value.diagnoses[0]
+    assert diag.kind == "precision_loss", diag.message
+    assert "the size of bf16 rounding" in diag.message and diag.details["confidence_margin"] > 1
+
+
+def test_a_small_rescale_is_not_named_a_precision_loss() -> None:
+    """A slot scaled by 1.01 (a wrong norm epsilon, a scale) errs as much as bf16 rounding on
+    every token, but along the state itself: one scalar per token removes it, which rounding
+    noise spread over H channels never allows. Not a precision loss; whatever else fits."""
+    prompt = max(_oracle().pinned_prompts, key=len)
+    fp16 = _fp16_engine("embed-first").capture([prompt]).features
+    h = _oracle().bundle.hidden_size
+    scaled = [torch.cat([x[..., :h] * 1.01, x[..., h:]], -1) for x in fp16]
+    with pytest.raises(ConformanceFailure) as err:
+        _judge(scaled, prompt, "embed-first", dtype="float16")
+    assert err.value.diagnoses[0].kind != "precision_loss", err.value.diagnoses[0].message
