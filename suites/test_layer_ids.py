@@ -463,18 +463,27 @@ def test_drawn_layer_ids_served_as_trained(layout: str, engine_class: type, budg
     result = served.serve(ids, layout, told_name, trained, batch, check)
     if result.failure is None:
         return
-    diag = result.failure.diagnoses[0] if result.failure.diagnoses else None
-    if diag is not None and embedding_only(diag):
-        # shrinking ends here, at ids meaning [0]: a probe with a middle boundary too tells a
-        # shift of every id from a dropped embedding (harness.diagnosis.capture.embedding_or_shift)
-        probe_b = (0, n // 2)
-        probe = served.serve(boundaries_to_ids(probe_b, conventions[told], n), layout, told_name,
-                             probe_b, batch, check)
-        if probe.diagnosis is not None:
-            named = embedding_or_shift(diag, probe.diagnosis)
-            raise ConformanceFailure(str(result.failure).replace(diag.message, named.message),
-                                     [named])
-    raise result.failure
+    raise separated(served, result.failure, conventions[told], layout, told_name, batch, check)
+
+
+def separated(served: ServedDrafts, failure: ConformanceFailure, conv: Convention, layout: str,
+              told: str | None, batch: Sequence[Sequence[int]], check: str) -> ConformanceFailure:
+    """`failure`, its diagnosis settled by the separating experiment where the suite can run it
+    (issue #31, item 2): a capture that fits a shift of every id and a dropped embedding alike
+    (ids meaning [0], where shrinking ends; [0, N] held as [1, N]) is followed by a probe served
+    the same way with the embedding and a middle boundary, which tells them apart
+    (harness.diagnosis.capture.embedding_or_shift). Any other failure comes back as it was."""
+    diag = failure.diagnoses[0] if failure.diagnoses else None
+    if diag is None or not embedding_only(diag):
+        return failure
+    n = served.num_layers
+    probe_b = (0, n // 2)
+    probe = served.serve(boundaries_to_ids(probe_b, conv, n), layout, told, probe_b, batch, check)
+    if probe.diagnosis is None:
+        return failure
+    named = embedding_or_shift(diag, probe.diagnosis)
+    return ConformanceFailure(str(failure).replace(diag.message, named.message),
+                              [named, *failure.diagnoses[1:]])
 
 
 @pytest.mark.parametrize("layout", FORMATS)
@@ -510,10 +519,11 @@ def test_observed_convention_as_declared(layout: str, engine_class: type, served
         # verdict's, re-judged from the run's cached capture, never "unrecognised" by omission
         for o in [o for o in seen if o.ids not in PROBES and disagreements(declared, [o])][:3]:
             expected = ids_to_boundaries(o.ids, declared, n)
-            result = served.serve(o.ids, layout, told_name, expected, batch,
-                                  f"test_observed_convention_as_declared[{layout}]")
+            check = f"test_observed_convention_as_declared[{layout}]"
+            result = served.serve(o.ids, layout, told_name, expected, batch, check)
             if result.failure is not None:
-                diagnoses.extend(result.failure.diagnoses)
+                diagnoses.extend(separated(served, result.failure, get_convention(declared),
+                                           layout, told_name, batch, check).diagnoses)
         assert_convention_as_declared(declared, layout, seen, diagnoses)
 
 

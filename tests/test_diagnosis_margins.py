@@ -301,3 +301,40 @@ def test_a_few_batch_tokens_beyond_the_envelope_are_named_batch_dependent_in_bf1
                                found=f"{bad}/{total} tokens off")
     assert diag.kind == "batch_dependent", diag.message
     assert diag.details["confidence_margin"] > 1, diag.details
+
+
+def _diag(kind: str, train: list[int], held: list, rival: str | None = None) -> Diagnosis:
+    details: dict = {"confidence_margin": 1.0 if rival else 9.0}
+    if rival:
+        details["ambiguous_with"] = rival
+        details["comparison"] = {"candidates": [{"name": "offset +1", "kind": "offset"},
+                                                {"name": "embedding_missing", "kind": "embedding_missing"}]}
+    return Diagnosis(kind, f"{kind} {held}", held, train, None, details=details)
+
+
+def test_a_run_that_separates_an_ambiguity_drops_it_from_the_verdict() -> None:
+    """One verdict over several served lists (the observed-convention check): [0] held as [1]
+    fits a shift and a dropped embedding alike, [0, 4] held as [1, 4] decides for the embedding;
+    the verdict keeps the decided one. Where nothing in the run decides, the ambiguity stays:
+    dropping it would leave a failed check without a cause (the H200 bf16 selftest named
+    embedding_dropped 'offset, ambiguous' on the lone [0] list)."""
+    from harness.diagnosis.compare import settled
+
+    lone = _diag("offset", [0], [1], rival="embedding_missing")
+    pair = _diag("embedding_missing", [0, 4], [1, 4])
+    assert settled([lone, pair]) == [pair]
+    assert settled([lone]) == [lone]
+    other = _diag("final_boundary_missing", [2, 8], [2, "zero"])
+    assert settled([lone, other]) == [lone, other]
+
+
+def test_an_ambiguity_between_shift_and_dropped_embedding_is_probed() -> None:
+    """`embedding_only` asks for the separating probe on ids meaning [0] and on any capture the
+    comparison left ambiguous between exactly a shift and a dropped embedding ([0, 8] held as
+    [1, 8]); never on a decided one."""
+    from harness.diagnosis.capture import embedding_only
+
+    assert embedding_only(_diag("offset", [0], [1]))
+    assert embedding_only(_diag("offset", [0, 8], [1, 8], rival="embedding_missing"))
+    assert not embedding_only(_diag("offset", [0, 8], [1, 8]))
+    assert not embedding_only(_diag("final_boundary_missing", [0, 8], [0, "zero"]))

@@ -21,7 +21,10 @@ REPO = Path(__file__).resolve().parents[1]
 
 @pytest.mark.slow(reason="runs the layer-id checks on a zoo engine in a subprocess (~30 s)")
 @pytest.mark.parametrize(("engine", "kind"), [("zoo:final_missing", "final_boundary_missing"),
-                                              ("zoo:final_normed", "final_boundary_normed")])
+                                              ("zoo:final_normed", "final_boundary_normed"),
+                                              # a lone [0] list fits a shift and a dropped
+                                              # embedding alike; the run's [0, 4] settles it
+                                              ("zoo:embedding_dropped", "embedding_missing")])
 def test_the_observed_convention_names_the_cause_of_drawn_lists(tmp_path: Path, engine: str,
                                                                  kind: str) -> None:
     out = tmp_path / "report"

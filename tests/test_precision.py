@@ -380,6 +380,16 @@ def test_an_fp16_engine_rounding_aux_states_through_bf16_is_a_precision_loss() -
     diag = err.value.diagnoses[0]
     assert diag.kind == "precision_loss", diag.message
     assert "the size of bf16 rounding" in diag.message and diag.details["confidence_margin"] > 1
+    # all 32 pinned prompts at once, as the capture check serves them: fp16's own noise carries
+    # one token to 0.053, past the per-token bound of a rounding; the typical token decides
+    o = _oracle()
+    every = [x.bfloat16().to(x.dtype) for x in _fp16_engine("embed-first").capture(o.pinned_prompts).features]
+    ctx = CaptureContext(training_boundaries=o.spec("embed-first").boundaries,
+                         config_ids=o.spec("embed-first").layer_ids, dtype="float16",
+                         engine_name="reference", draft="embed-first", check="test_precision")
+    with pytest.raises(ConformanceFailure) as err:
+        assert_capture_matches_oracle(ctx, features=every, oracle=o, prompts=o.pinned_prompts)
+    assert err.value.diagnoses[0].kind == "precision_loss", err.value.diagnoses[0].message
 
 
 def test_a_small_rescale_is_not_named_a_precision_loss() -> None:

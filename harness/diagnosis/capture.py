@@ -462,9 +462,18 @@ def name_boundaries(found: Sequence[int], train: Sequence[int], n: int) -> tuple
 def embedding_only(diag: Diagnosis) -> bool:
     """A capture whose every trained slot is the embedding, found shifted or missing: from its
     slots alone "every slot one boundary later" and "the embedding dropped" fit equally (a
-    failing layer-id example shrinks to exactly this, ids meaning [0])."""
-    return (diag.kind in ("offset", "embedding_missing") and bool(diag.training_boundaries)
-            and set(diag.training_boundaries) == {0})
+    failing layer-id example shrinks to exactly this, ids meaning [0]). Also any capture the
+    model comparison left ambiguous between exactly these two (the embedding and the final
+    boundary, [0, N] held as [1, N]: a shift that leaves the final boundary in place fits as
+    well as a dropped embedding)."""
+    pair = ("offset", "embedding_missing")
+    if diag.kind not in pair or not diag.training_boundaries:
+        return False
+    rival = diag.details.get("ambiguous_with")
+    named = {c.get("name"): c.get("kind")
+             for c in (diag.details.get("comparison") or {}).get("candidates", [])}
+    return set(diag.training_boundaries) == {0} or (
+        rival is not None and {diag.kind, named.get(rival, rival)} == set(pair))
 
 
 def embedding_or_shift(diag: Diagnosis, probe: Diagnosis) -> Diagnosis:
@@ -482,10 +491,16 @@ def embedding_or_shift(diag: Diagnosis, probe: Diagnosis) -> Diagnosis:
              "embedding with it" if kind == "offset" else
              "embedding missing — only the embedding slot is off; later boundaries are captured "
              "as trained")
-    message = (f"the slots trained on the embedding hold {list(diag.engine_boundaries)}, which alone "
+    held = ("the slots trained on the embedding hold" if set(diag.training_boundaries) == {0}
+            else f"the slots trained on {list(diag.training_boundaries)} hold")
+    message = (f"{held} {list(diag.engine_boundaries)}, which alone "
                f"fits both a shift of every id and a dropped embedding; a probe served the same "
                f"way with boundaries {list(probe.training_boundaries)} holds "
                f"{list(probe.engine_boundaries)}. root cause: {cause}. Probe: {probe.message}")
     return replace(diag, kind=kind, offset=offset, message=message,
                    suggested_layer_ids=diag.suggested_layer_ids if kind == "offset" else None,
-                   details={**diag.details, "probe": probe.to_json()})
+                   # the probe settled the ambiguity: its margin is the diagnosis' now
+                   details={**{k: v for k, v in diag.details.items() if k != "ambiguous_with"},
+                            "probe": probe.to_json(), "separated_by": "probe",
+                            "confidence_margin": probe.details.get("confidence_margin",
+                                                                   diag.details.get("confidence_margin"))})

@@ -237,3 +237,22 @@ def compare(winner_kind: str, winner_offset: int | None, errors: list[dict[Label
     runner = min(rivals, key=lambda e: e.error)
     margin = runner.error / win.error if win.error > 0 else float("inf")
     return Comparison(win, runner, margin, _experiment(win, runner, train, n), ranked)
+
+
+def _candidate_kinds(diag: Any) -> set[str]:
+    """The kinds an ambiguous diagnosis could not separate: its own and its runner-up's."""
+    rival = diag.details.get("ambiguous_with")
+    named = {c.get("name"): c.get("kind") for c in
+             (diag.details.get("comparison") or {}).get("candidates", [])}
+    return {diag.kind, named.get(rival) or str(rival)}
+
+
+def settled(diagnoses: Sequence[Any]) -> list[Any]:
+    """The diagnoses of one verdict built from several served lists, with every ambiguous one
+    dropped where another list of the same run names one of its candidates decisively: the
+    other list was the separating experiment (a draft of the embedding alone holding boundary 1
+    fits a shift of every id and a dropped embedding alike; the same engine holding [1, 4] for
+    [0, 4] tells them apart). An ambiguity nothing in the run settles stays, with its wording."""
+    decisive = {d.kind for d in diagnoses if "ambiguous_with" not in d.details}
+    return [d for d in diagnoses
+            if "ambiguous_with" not in d.details or not (_candidate_kinds(d) & decisive)]

@@ -15,6 +15,7 @@ def assert_convention_as_declared(declared: str, layout: str, observations: Sequ
     for an engine that honours training, the convention it was told) says. `observations`:
     harness.diagnosis.observed_convention.Observation; `diagnoses`: the capture diagnoses of the lists
     that differed from that prediction."""
+    from harness.diagnosis.compare import settled
     from harness.diagnosis.observed_convention import disagreements, infer_layout
 
     wrong = disagreements(declared, observations)
@@ -25,7 +26,7 @@ def assert_convention_as_declared(declared: str, layout: str, observations: Sequ
                 f"{seen['rule']}, slots in {seen['slot_order']}. ")
         # a list captured as trained explains nothing of the disagreement: it is dropped, and
         # where no other diagnosis is left the failure is unrecognised with its own evidence
-        causes = [d for d in diagnoses if d.kind != "ok"] or [unexplained(None, text)]
+        causes = settled([d for d in diagnoses if d.kind != "ok"]) or [unexplained(None, text)]
         raise ConformanceFailure(text + " ".join(d.message for d in causes)[:2000], causes)
 
 
