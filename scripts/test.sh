@@ -52,8 +52,10 @@ if ! command -v chromium >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt
         || echo "chromium could not be installed: the browser test of report.html will skip" >&2
 fi
 # Unit tests apart from the suites: an adapter's own tests use the suite fixtures and would
-# otherwise be recorded as checks of the reference engine.
-python -m pytest -q -rs --durations=40 tests
+# otherwise be recorded as checks of the reference engine. Two xdist workers, one per core
+# (issue #34 item 6: the unit tests were most of .ci/run's time, one process on two cores; their
+# fixtures are per process and every subprocess they start is a run of its own, tests/conftest.py).
+python -m pytest -n 2 -q -rs --durations=40 tests
 python -m pytest -q -rs suites --engine reference --report-dir reports/reference
 python -m pytest -q -rs suites --engine vllm --report-dir reports/vllm
 python -m pytest -q -rs suites --engine llamacpp --report-dir reports/llamacpp

@@ -1,11 +1,20 @@
 """Unit tests run on tiny models: one intra-op thread avoids oversubscribing 2-core CI."""
 
+import os
 from pathlib import Path
 
 import pytest
 import torch
 
 torch.set_num_threads(1)
+
+# The unit tests run under `pytest -n 2` (scripts/test.sh). A suite run or CLI call a test
+# starts in a subprocess is a run of its own, not an xdist worker: with the worker's variables
+# inherited it would believe it is one (its throughput checks skip as under xdist, and
+# pytest-benchmark warns on stderr, which broke the one-error-line contract of a bad-input test).
+# The worker itself knows it is one from its config (`workerinput`), not from these.
+for _var in ("PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT", "PYTEST_XDIST_TESTRUNUID"):
+    os.environ.pop(_var, None)
 
 
 @pytest.fixture(scope="session")
