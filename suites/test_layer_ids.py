@@ -40,7 +40,7 @@ from harness.core.boundaries import (
     get_convention,
     ids_to_boundaries,
 )
-from harness.diagnosis.capture import embedding_only, embedding_or_shift
+from harness.diagnosis.capture import separating_probe, shift_or_local
 from harness.diagnosis.crash import crash_diagnosis
 from harness.diagnosis.observed_convention import (
     TRAINERS,
@@ -470,18 +470,23 @@ def separated(served: ServedDrafts, failure: ConformanceFailure, conv: Conventio
               told: str | None, batch: Sequence[Sequence[int]], check: str) -> ConformanceFailure:
     """`failure`, its diagnosis settled by the separating experiment where the suite can run it
     (issue #31, item 2): a capture that fits a shift of every id and a dropped embedding alike
-    (ids meaning [0], where shrinking ends; [0, N] held as [1, N]) is followed by a probe served
-    the same way with the embedding and a middle boundary, which tells them apart
-    (harness.diagnosis.capture.embedding_or_shift). Any other failure comes back as it was."""
+    (ids meaning [0], where shrinking ends; [0, N] held as [1, N]), or a shift and a fault at
+    the one boundary off (a shrunk one-id list), is followed by a probe served the same way with
+    that boundary and a middle one, which tells them apart (harness.diagnosis.capture.
+    separating_probe, shift_or_local). Any other failure comes back as it was."""
     diag = failure.diagnoses[0] if failure.diagnoses else None
-    if diag is None or not embedding_only(diag):
-        return failure
     n = served.num_layers
-    probe_b = (0, n // 2)
-    probe = served.serve(boundaries_to_ids(probe_b, conv, n), layout, told, probe_b, batch, check)
+    probe_b = None if diag is None else separating_probe(diag, n)
+    if diag is None or probe_b is None:
+        return failure
+    try:
+        probe_ids = boundaries_to_ids(probe_b, conv, n)
+    except LayerIdError:
+        return failure  # the convention cannot write the probe: the ambiguity stays, worded
+    probe = served.serve(probe_ids, layout, told, probe_b, batch, check)
     if probe.diagnosis is None:
         return failure
-    named = embedding_or_shift(diag, probe.diagnosis)
+    named = shift_or_local(diag, probe.diagnosis)
     return ConformanceFailure(str(failure).replace(diag.message, named.message),
                               [named, *failure.diagnoses[1:]])
 

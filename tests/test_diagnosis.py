@@ -455,3 +455,26 @@ def test_a_batch_that_changes_nothing_is_not_batch_dependent(golden):
                             1e-3) is None
     d = diagnose_capture(features, golden, SPECFORGE, alone=[x.clone() for x in features])
     assert d.kind == "precision_loss", d.message
+
+
+def test_a_one_id_shift_or_a_fault_at_that_boundary_is_decided_by_a_probe(golden):
+    """A failing layer-id example shrinks to one id: [3] held as boundary 4 fits "every id read
+    one late" and "boundary 3 alone captured wrong" equally, so the comparison says ambiguous.
+    The probe [3, 4] (that boundary and a middle one) decides: [4, 5] is the shift, [4, 4] the
+    fault at boundary 3 alone; anything else leaves the ambiguity as it was."""
+    from harness.diagnosis.capture import separating_probe, shift_or_local
+
+    one = diagnose_capture(_engine(golden, [4]), golden, [3])
+    assert one.kind in ("offset", "unrecognised") and "ambiguous_with" in one.details, one.message
+    probe_b = separating_probe(one, N)
+    assert probe_b == (3, N // 2)
+    shifted = shift_or_local(one, diagnose_capture(_engine(golden, [4, 5]), golden, list(probe_b)))
+    assert shifted.kind == "offset" and shifted.offset == 1 and "ambiguous_with" not in shifted.details
+    assert shifted.details["separated_by"] == "probe" and "holds [4, 5]" in shifted.message
+    local = shift_or_local(one, diagnose_capture(_engine(golden, [4, 4]), golden, list(probe_b)))
+    assert local.kind == "unrecognised" and "a capture fault at boundary 3 alone" in local.message
+    assert "ambiguous_with" not in local.details
+    other = diagnose_capture(_engine(golden, [6, 2]), golden, list(probe_b))
+    assert shift_or_local(one, other) is one
+    # a decided diagnosis asks for no probe
+    assert separating_probe(diagnose_capture(_engine(golden, [3, 5, 6]), golden, SPECFORGE), N) is None

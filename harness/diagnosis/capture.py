@@ -504,3 +504,73 @@ def embedding_or_shift(diag: Diagnosis, probe: Diagnosis) -> Diagnosis:
                             "probe": probe.to_json(), "separated_by": "probe",
                             "confidence_margin": probe.details.get("confidence_margin",
                                                                    diag.details.get("confidence_margin"))})
+
+
+# the causes a fault at one boundary alone is named by (harness.diagnosis.compare._local_kind)
+_LOCAL = ("embedding_missing", "final_boundary_missing", "final_boundary_normed",
+          "residual_missing", "stale_or_skipped", "unrecognised")
+
+
+def _rival_kind(diag: Diagnosis) -> str | None:
+    rival = diag.details.get("ambiguous_with")
+    if rival is None:
+        return None
+    named = {c.get("name"): c.get("kind")
+             for c in (diag.details.get("comparison") or {}).get("candidates", [])}
+    return named.get(rival) or str(rival)
+
+
+def separating_probe(diag: Diagnosis, n: int) -> tuple[int, ...] | None:
+    """The boundaries of the draft that separates what `diag` could not, where it is one the
+    layer-id check can serve; None where `diag` is decided or its ambiguity is of another kind.
+    A shift of every id and a fault at one boundary alone predict the same slots wherever only
+    one slot is off (a failing example shrinks to one id): a probe with that boundary and a
+    middle one tells them apart, a shifted reading moving the middle slot too."""
+    if embedding_only(diag):
+        return (0, n // 2)
+    rival = _rival_kind(diag)
+    kinds = {diag.kind, rival}
+    if rival is None or "offset" not in kinds or not (kinds - {"offset"}) <= set(_LOCAL):
+        return None
+    off = [s for s, (held, b) in enumerate(zip(diag.engine_boundaries, diag.training_boundaries,
+                                                strict=False)) if held != b]
+    if len(off) != 1 or len(diag.engine_boundaries) != len(diag.training_boundaries):
+        return None
+    b = int(diag.training_boundaries[off[0]])
+    middle = next(m for m in (n // 2, n // 2 - 1, n // 2 + 1) if m not in (0, n, b))
+    return (b, middle)
+
+
+def shift_or_local(diag: Diagnosis, probe: Diagnosis) -> Diagnosis:
+    """`diag` decided by the probe `separating_probe` asked for: the probe's middle slot shifted
+    with the rest is the offset; the probe's first slot holding what `diag`'s off slot held with
+    the middle slot as trained is the fault at that one boundary. A probe showing anything else
+    leaves `diag` as it was (the evidence does not decide)."""
+    if set(diag.training_boundaries) == {0} or _rival_kind(diag) == "embedding_missing" \
+            or diag.kind == "embedding_missing":
+        return embedding_or_shift(diag, probe)
+    local = next((k for k in (diag.kind, _rival_kind(diag)) if k != "offset"), None)
+    held_b = [(h, b) for h, b in zip(diag.engine_boundaries, diag.training_boundaries, strict=False)
+              if h != b]
+    pb, pe = list(probe.training_boundaries), list(probe.engine_boundaries)
+    if probe.kind == "offset" and probe.offset is not None:
+        kind, offset = "offset", probe.offset
+        cause = f"offset {probe.offset:+d} — every boundary is read {abs(probe.offset)} off"
+    elif local and held_b and len(pe) == 2 and pe[0] == held_b[0][0] and pe[1] == pb[1]:
+        kind, offset = local, None
+        held, b = held_b[0]
+        what = (f"a capture fault at boundary {b} alone (the engine hands {held} for it)"
+                if local == "unrecognised" else _CAUSE.get(local, local))
+        cause = f"{what}; at boundary {b} only: the probe's other boundary {pb[1]} is captured as trained"
+    else:
+        return diag
+    message = (f"the slots trained on {list(diag.training_boundaries)} hold "
+               f"{list(diag.engine_boundaries)}, which alone fits both a shift of every id and a "
+               f"fault at that one boundary; a probe served the same way with boundaries {pb} "
+               f"holds {pe}. root cause: {cause}. Probe: {probe.message}")
+    return replace(diag, kind=kind, offset=offset, message=message,
+                   suggested_layer_ids=diag.suggested_layer_ids if kind == "offset" else None,
+                   details={**{k: v for k, v in diag.details.items() if k != "ambiguous_with"},
+                            "probe": probe.to_json(), "separated_by": "probe",
+                            "confidence_margin": probe.details.get("confidence_margin",
+                                                                   diag.details.get("confidence_margin"))})
