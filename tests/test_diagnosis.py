@@ -478,3 +478,21 @@ def test_a_one_id_shift_or_a_fault_at_that_boundary_is_decided_by_a_probe(golden
     assert shift_or_local(one, other) is one
     # a decided diagnosis asks for no probe
     assert separating_probe(diagnose_capture(_engine(golden, [3, 5, 6]), golden, SPECFORGE), N) is None
+
+
+def test_one_shared_buffer_or_a_fault_at_one_boundary_is_decided_by_a_single_slot(golden):
+    """Two slots trained on [2, 5] both holding boundary 5 fit "one buffer every capture
+    overwrites" and "boundary 2 alone captured wrong" equally. Boundary 2 served as a draft of
+    one slot decides: held as trained, the buffer was shared; held as 5, the fault is its own."""
+    from harness.diagnosis.capture import separating_probe, shift_or_local
+
+    two = diagnose_capture(_engine(golden, [5, 5]), golden, [2, 5])
+    assert {two.kind, two.details.get("ambiguous_with")} >= {"slots_aliased"}, two.message
+    assert separating_probe(two, N) == (2,)
+    shared = shift_or_local(two, diagnose_capture(_engine(golden, [2]), golden, [2]))
+    assert shared.kind == "slots_aliased" and shared.details["separated_by"] == "probe"
+    assert "served alone is captured as trained" in shared.message
+    own = shift_or_local(two, diagnose_capture(_engine(golden, [5]), golden, [2]))
+    assert own.kind == "unrecognised" and "a capture fault at boundary 2 alone" in own.message
+    assert "ambiguous_with" not in own.details
+    assert shift_or_local(two, diagnose_capture(_engine(golden, [3]), golden, [2])) is two

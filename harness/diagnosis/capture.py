@@ -530,13 +530,18 @@ def separating_probe(diag: Diagnosis, n: int) -> tuple[int, ...] | None:
         return (0, n // 2)
     rival = _rival_kind(diag)
     kinds = {diag.kind, rival}
-    if rival is None or "offset" not in kinds or not (kinds - {"offset"}) <= set(_LOCAL):
+    mechanism = kinds & {"offset", "slots_aliased"}
+    if rival is None or len(mechanism) != 1 or not (kinds - mechanism) <= set(_LOCAL):
         return None
     off = [s for s, (held, b) in enumerate(zip(diag.engine_boundaries, diag.training_boundaries,
                                                 strict=False)) if held != b]
     if len(off) != 1 or len(diag.engine_boundaries) != len(diag.training_boundaries):
         return None
     b = int(diag.training_boundaries[off[0]])
+    if mechanism == {"slots_aliased"}:
+        # one buffer shared by every slot is right for a draft of one slot; a fault at that
+        # boundary repeats alone
+        return (b,)
     middle = next(m for m in (n // 2, n // 2 - 1, n // 2 + 1) if m not in (0, n, b))
     return (b, middle)
 
@@ -549,11 +554,25 @@ def shift_or_local(diag: Diagnosis, probe: Diagnosis) -> Diagnosis:
     if set(diag.training_boundaries) == {0} or _rival_kind(diag) == "embedding_missing" \
             or diag.kind == "embedding_missing":
         return embedding_or_shift(diag, probe)
-    local = next((k for k in (diag.kind, _rival_kind(diag)) if k != "offset"), None)
+    local = next((k for k in (diag.kind, _rival_kind(diag)) if k not in ("offset", "slots_aliased")),
+                 None)
     held_b = [(h, b) for h, b in zip(diag.engine_boundaries, diag.training_boundaries, strict=False)
               if h != b]
     pb, pe = list(probe.training_boundaries), list(probe.engine_boundaries)
-    if probe.kind == "offset" and probe.offset is not None:
+    aliased = "slots_aliased" in (diag.kind, _rival_kind(diag))
+    if aliased and held_b and pb == [held_b[0][1]] and pe == pb:
+        kind, offset = "slots_aliased", None
+        cause = (f"{_CAUSE.get('slots_aliased', 'slots aliased')}; boundary {pb[0]} served alone "
+                 f"is captured as trained")
+    elif aliased:
+        if not (local and held_b and pb == [held_b[0][1]] and pe == [held_b[0][0]]):
+            return diag
+        kind, offset = local, None
+        held, b = held_b[0]
+        what = (f"a capture fault at boundary {b} alone (the engine hands {held} for it)"
+                if local == "unrecognised" else _CAUSE.get(local, local))
+        cause = f"{what}; served alone, boundary {b} still holds {held}"
+    elif probe.kind == "offset" and probe.offset is not None:
         kind, offset = "offset", probe.offset
         cause = f"offset {probe.offset:+d} — every boundary is read {abs(probe.offset)} off"
     elif local and held_b and len(pe) == 2 and pe[0] == held_b[0][0] and pe[1] == pb[1]:
@@ -564,8 +583,9 @@ def shift_or_local(diag: Diagnosis, probe: Diagnosis) -> Diagnosis:
         cause = f"{what}; at boundary {b} only: the probe's other boundary {pb[1]} is captured as trained"
     else:
         return diag
+    other = "one buffer shared by every slot" if aliased else "a shift of every id"
     message = (f"the slots trained on {list(diag.training_boundaries)} hold "
-               f"{list(diag.engine_boundaries)}, which alone fits both a shift of every id and a "
+               f"{list(diag.engine_boundaries)}, which alone fits both {other} and a "
                f"fault at that one boundary; a probe served the same way with boundaries {pb} "
                f"holds {pe}. root cause: {cause}. Probe: {probe.message}")
     return replace(diag, kind=kind, offset=offset, message=message,
