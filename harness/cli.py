@@ -398,7 +398,7 @@ def cmd_golden_build(a: argparse.Namespace, extra: Sequence[str]) -> int:
     try:
         out = build_bundle(Path(a.out), a.seed, BUILD_SIZES[a.size], threads=a.threads,
                            target_from=Path(a.target_from) if a.target_from else None,
-                           tries=a.tries, device=a.device, arch=a.arch)
+                           tries=a.tries, device=a.device, arch=a.arch, waive=a.waive or ())
     except ValueError as e:
         raise CliError(str(e).splitlines()[0]) from None
     bundle = _check_bundle(out, (), "--out", pinned=False)  # a new build has no pin yet
@@ -621,6 +621,10 @@ def build_parser() -> argparse.ArgumentParser:
                        help="the target's architecture: deepseek-v3 (the committed "
                             "golden/tiny-dsv3) or qwen3-moe (golden/tiny-qwen3moe, a target "
                             "llama.cpp can capture layer inputs from)")
+    build.add_argument("--waive", action="append", choices=("shift", "decay"), metavar="BAR",
+                       help="measure this usability bar (shift: one boundary early costs 25%%; "
+                            "decay: TTT accuracy falls by 0.05) and record it in the manifest, "
+                            "but do not refuse a seed for it; repeatable")
     build.set_defaults(func=cmd_golden_build)
     diff = gsub.add_parser("diff", help="compare two bundles file by file (exit 1 if they differ)")
     diff.add_argument("first")

@@ -116,10 +116,11 @@ def test_recorder_sees_qwen3_moe_boundaries() -> None:
 def test_qwen3_moe_smoke_build(tmp_path: Path) -> None:
     """The same builder, `arch='qwen3-moe'`: a Qwen3-MoE target saved in its own class, every
     draft recipe, the manifest saying which architecture it is, and pinned boundaries that
-    are the loaded target's own."""
+    are the loaded target's own; a waived bar is recorded with its verdict."""
     out = build_bundle(tmp_path / "qwen", seed=3, size=BUILD_SIZES["smoke"], log=lambda _: None,
-                       arch="qwen3-moe")
+                       arch="qwen3-moe", waive=("decay",))
     bundle = load_bundle(out)
+    assert list(bundle.manifest["waived_bars"]) == ["decay"]
     assert bundle.manifest["target"]["architecture"] == "Qwen3MoeForCausalLM"
     assert "Qwen3-MoE" in bundle.manifest["description"]
     assert set(bundle.draft_names) == {r.name for r in draft_recipes(bundle.num_layers)}
@@ -134,6 +135,8 @@ def test_unknown_or_mismatched_architecture_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="no golden target architecture 'llama'"):
         build_bundle(tmp_path / "x", size=BUILD_SIZES["smoke"], log=lambda _: None, arch="llama")
     assert not (tmp_path / "x").exists()
+    with pytest.raises(ValueError, match="--waive canary: not a waivable bar"):
+        build_bundle(tmp_path / "x", size=BUILD_SIZES["smoke"], log=lambda _: None, waive=("canary",))
     committed = default_bundle_path() / "target"
     seed = json.loads((committed / "training.json").read_text())["seed"]
     full = BUILD_SIZES["full"]
