@@ -143,3 +143,21 @@ def test_unknown_or_mismatched_architecture_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="holds a deepseek_v3 target, not the qwen3-moe"):
         build_bundle(tmp_path / "y", seed=seed, size=full, log=lambda _: None,
                      target_from=committed, arch="qwen3-moe")
+
+
+def test_committed_qwen3_moe_bundle_is_pinned_and_checked_like_the_default() -> None:
+    """golden/tiny-qwen3moe sits beside the default bundle with its own pin: a run on it checks
+    the pin (is_committed), and the committed manifest is the pinned one."""
+    import hashlib
+
+    from harness.golden.pins import PINNED_MANIFESTS
+    from harness.run.bundle_gate import committed_pin_problem, is_committed, is_pinned
+
+    folder = default_bundle_path().parent / "tiny-qwen3moe"
+    bundle = load_bundle(folder)
+    assert hashlib.sha256((folder / "manifest.json").read_bytes()).hexdigest() == PINNED_MANIFESTS["tiny-qwen3moe"]
+    assert is_committed(bundle) and is_pinned(bundle) and committed_pin_problem(bundle) is None
+    assert architecture_at(bundle.target_dir).name == "qwen3-moe"
+    assert bundle.manifest["target"]["architecture"] == "Qwen3MoeForCausalLM"
+    # built with the two acceptance bars waived, and the manifest says why they were not met
+    assert sorted(bundle.manifest["waived_bars"]) == ["decay", "shift"]
