@@ -45,6 +45,9 @@ from harness.tools.selftest import RUN_LIMIT_S
 
 PROG = "eagle3-conformance"
 DEBUG_ENV = "EAGLE3_CONFORMANCE_DEBUG"
+# `golden build --arch`: the names of harness.models.target.ARCHITECTURES, spelled here so that
+# `--help` loads no torch (tests/test_golden_arch.py checks the two agree)
+GOLDEN_ARCHITECTURES = ("deepseek-v3", "qwen3-moe")
 
 
 class CliError(Exception):
@@ -395,7 +398,7 @@ def cmd_golden_build(a: argparse.Namespace, extra: Sequence[str]) -> int:
     try:
         out = build_bundle(Path(a.out), a.seed, BUILD_SIZES[a.size], threads=a.threads,
                            target_from=Path(a.target_from) if a.target_from else None,
-                           tries=a.tries, device=a.device)
+                           tries=a.tries, device=a.device, arch=a.arch, waive=a.waive or ())
     except ValueError as e:
         raise CliError(str(e).splitlines()[0]) from None
     bundle = _check_bundle(out, (), "--out", pinned=False)  # a new build has no pin yet
@@ -614,6 +617,14 @@ def build_parser() -> argparse.ArgumentParser:
     build.add_argument("--device", default="cpu",
                        help="where the target and drafts train (cpu, cuda); serving is always "
                             "measured on the CPU")
+    build.add_argument("--arch", choices=GOLDEN_ARCHITECTURES, default=GOLDEN_ARCHITECTURES[0],
+                       help="the target's architecture: deepseek-v3 (the committed "
+                            "golden/tiny-dsv3) or qwen3-moe (golden/tiny-qwen3moe, a target "
+                            "llama.cpp can capture layer inputs from)")
+    build.add_argument("--waive", action="append", choices=("shift", "decay"), metavar="BAR",
+                       help="measure this usability bar (shift: one boundary early costs 25%%; "
+                            "decay: TTT accuracy falls by 0.05) and record it in the manifest, "
+                            "but do not refuse a seed for it; repeatable")
     build.set_defaults(func=cmd_golden_build)
     diff = gsub.add_parser("diff", help="compare two bundles file by file (exit 1 if they differ)")
     diff.add_argument("first")

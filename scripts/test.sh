@@ -59,3 +59,8 @@ python -m pytest -n 2 -q -rs --durations=40 tests
 python -m pytest -q -rs suites --engine reference --report-dir reports/reference
 python -m pytest -q -rs suites --engine vllm --report-dir reports/vllm
 python -m pytest -q -rs suites --engine llamacpp --report-dir reports/llamacpp
+# The second bundle (issue #37): a Qwen3-MoE target, whose graph llama.cpp captures layer inputs
+# on (tiny-dsv3's DeepSeek graph records none). The reference is its control; llama.cpp's known
+# nonconformances there are suites/xfails/llamacpp@tiny-qwen3moe.txt. ~1 min each.
+python -m pytest -q -rs suites --engine reference --bundle golden/tiny-qwen3moe --report-dir reports/reference-qwen3moe
+python -m pytest -q -rs suites --engine llamacpp --bundle golden/tiny-qwen3moe --report-dir reports/llamacpp-qwen3moe

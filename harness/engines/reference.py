@@ -36,18 +36,20 @@ from harness.engines.base import (
 from harness.engines.speculative import Eagle3Runtime
 from harness.engines.step_costs import measure_step_costs
 from harness.models.draft import Eagle3Draft
-from harness.models.target import load_target
+from harness.models.target import ARCHITECTURES, load_target
 from harness.models.variants import apply_choices, load_implementation
 from harness.models.variants import implementation as variant
 
 
 def load_any_target(path: Path, dtype: torch.dtype, device: str,
                     placement: str | None = None) -> torch.nn.Module:
-    """DeepSeek-V3 through the harness loader (the golden target); any other HF causal LM
+    """A golden target architecture (DeepSeek-V3, Qwen3-MoE: harness.models.target's
+    ARCHITECTURES) through the harness loader, with its own class; any other HF causal LM
     (Llama, Qwen, ...) through AutoModelForCausalLM; either spread over the processes of a
     torchrun launch by transformers' tensor parallelism where `placement` says so."""
     config = json.loads((Path(path) / "config.json").read_text())
-    if config.get("model_type") == "deepseek_v3" or placement is not None:
+    golden = {a.model_type for a in ARCHITECTURES.values()}
+    if config.get("model_type") in golden or placement is not None:
         return load_target(path, dtype, device, placement)
     model = transformers.AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype)
     return model.to(device).eval()

@@ -28,7 +28,7 @@ import torch
 
 from harness.core.tolerances import tolerance_for
 from harness.golden.features import TargetFeatures, relative_errors, target_features
-from harness.models.target import decoder_layers, routing_margin
+from harness.models.target import decoder_layers, moe_routers, router_rule
 from harness.models.variants import (
     DEVICE_MEMBERS,
     IMPLEMENTATIONS,
@@ -90,7 +90,7 @@ def routing_ties(fp32: Routing, members: Mapping[str, Routing], gates: Mapping[i
                  noise_factor: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(ties, margin, spread), each [N+1, T]. At MoE layer k a token is tied when some member
     chose other experts than fp32 training did, or when the fp32 routing margin (the gap that
-    decides the choice, harness.models.target.routing_margin) is within `noise_factor` times
+    decides the choice, the router rule's margin in harness.models.target) is within `noise_factor` times
     twice the largest move of any selection score among the members (two scores decide a gap,
     each may move that far; an engine's rounding is of the members' size but its own:
     REASONS['noise_factor']). A tie at layer k marks boundaries k+1..N."""
@@ -103,7 +103,7 @@ def routing_ties(fp32: Routing, members: Mapping[str, Routing], gates: Mapping[i
     for k in range(num_layers):
         if k in fp32.scores:
             ref = fp32.scores[k]
-            gap = routing_margin(ref, gates[k])
+            gap = router_rule(gates[k]).margin(ref, gates[k])
             moved = torch.zeros(tokens)
             flipped = torch.zeros(tokens, dtype=torch.bool)
             want = fp32.chosen[k].sort(-1).values
@@ -174,7 +174,7 @@ class EnvelopeBuilder:
                     self._model(impl, dtype), (impl.name, dtype, tokens))
             _, fp32 = self._run(self.fp32, ("fp32", tokens))
             layers = decoder_layers(self.fp32)
-            gates = {k: layer.mlp.gate for k, layer in enumerate(layers) if hasattr(layer.mlp, "gate")}
+            gates = moe_routers(self.fp32)
             ties, margin, spread = routing_ties(fp32, routes, gates, len(layers), len(tokens),
                                                 noise_factor=tolerance_for(dtype).noise_factor)
             self._envelopes[key] = Envelope(members, ties, margin, spread)

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from harness.golden.corpus import PAD, Language, sample_batch
 from harness.golden.features import aux_features, target_features
 from harness.models.draft import DraftConfig, Eagle3Draft
-from harness.models.target import build_target, decoder_layers, target_config_dict
+from harness.models.target import DEFAULT_ARCHITECTURE, architecture, build_target, decoder_layers
 
 TTT_STEPS = 7
 TTT_DECAY = 0.8
@@ -73,8 +73,8 @@ def train_target_model(model: torch.nn.Module, lang: Language, seed: int, steps:
                        decorrelate: float = 0.0, decorrelate_start: int = 0,
                        decorrelate_ramp: int = 0) -> tuple[float, float]:
     """Train `model` on the language, plus the decorrelation penalty at `penalty_weight` (a
-    training-time term only: the saved target stays a plain DeepseekV3ForCausalLM with the
-    same config and keys): (final LM loss, held-out next-token accuracy)."""
+    training-time term only: the saved target stays a plain model of its architecture, e.g.
+    DeepseekV3ForCausalLM, with the same config and keys): (final LM loss, held-out next-token accuracy)."""
     g = torch.Generator().manual_seed(seed + 1)
     device = next(model.parameters()).device  # the CPU for a build; a GPU for benchmarks
     store: list[torch.Tensor] = []
@@ -126,8 +126,10 @@ def bigram_accuracy(lang: Language, seed: int, seq_len: int = 64, fit_sequences:
 
 def train_target(lang: Language, seed: int, steps: int = 900, decorrelate: float = 0.0,
                  decorrelate_start: int = 0, decorrelate_ramp: int = 0,
-                 device: str | torch.device = "cpu") -> TargetTraining:
-    model = build_target(target_config_dict(vocab_size=lang.vocab_size), seed).to(device)
+                 device: str | torch.device = "cpu", arch: str = DEFAULT_ARCHITECTURE) -> TargetTraining:
+    """A target of architecture `arch` (harness.models.target.ARCHITECTURES) trained from its
+    seeded initialisation on the language: the same recipe whatever the architecture."""
+    model = build_target(architecture(arch).config_dict(lang.vocab_size), seed).to(device)
     loss, acc = train_target_model(model, lang, seed, steps, decorrelate=decorrelate,
                                    decorrelate_start=decorrelate_start,
                                    decorrelate_ramp=decorrelate_ramp)

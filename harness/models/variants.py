@@ -19,6 +19,8 @@ production kernel makes (docs/DESIGN.md, "The precision envelope", says which en
   "fp32" (engines whose fused add-norm keeps a wider residual).
 - `gate`: router logits in "fp32" (transformers) or in the "dtype" (vLLM's and SGLang's
   DeepSeek gate is a plain linear layer in the model's dtype; the top-k runs on its output).
+  DeepSeek's router only: transformers' Qwen3-MoE router already computes its logits in the
+  dtype (a plain linear layer, softmax in fp32), so on that target the member is the default.
 - `matmul`: linear layers as one GEMM ("plain") or "splitk" / "splitk8": the reduction
   dimension split in four (eight), each partial rounded to the dtype and summed in the dtype, which is what
   a split-K GEMM with reduced-precision reduction does (PyTorch allows exactly that on CUDA
@@ -41,7 +43,7 @@ import torch
 import torch.nn.functional as F
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from harness.models.target import decoder_layers, grouped_topk
+from harness.models.target import decoder_layers, grouped_topk, moe_routers, router_rule
 
 SPLITK_PARTS = 4
 
@@ -223,15 +225,12 @@ def record_routing(model: torch.nn.Module) -> Iterator[Routing]:
     implementation above, so the record does not depend on which one ran."""
     routing = Routing(scores={}, chosen={})
     hooks = []
-    for k, layer in enumerate(decoder_layers(model)):
-        gate = getattr(getattr(layer, "mlp", None), "gate", None)
-        if gate is None or not hasattr(gate, "e_score_correction_bias"):
-            continue
+    for k, gate in moe_routers(model).items():
+        rule = router_rule(gate)
 
-        def hook(mod, _args, out, k=k) -> None:
+        def hook(mod, _args, out, k=k, rule=rule) -> None:
             logits, _weights, indices = out
-            scores = logits.float().sigmoid() + mod.e_score_correction_bias.float()
-            routing.scores[k] = scores.detach().cpu()
+            routing.scores[k] = rule.scores(mod, logits).detach().cpu()
             routing.chosen[k] = indices.detach().cpu()
         hooks.append(gate.register_forward_hook(hook))
     try:

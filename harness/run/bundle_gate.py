@@ -28,11 +28,16 @@ def is_pinned(bundle: Bundle) -> bool:
 
 
 def is_committed(bundle: Bundle) -> bool:
-    """The bundle is the committed golden/<name> of this checkout (by location, links resolved)."""
+    """The bundle is a committed golden/<name> of this checkout (by location, links resolved):
+    the default one, or another pinned one beside it (golden/tiny-qwen3moe, issue #37), whose
+    pin is then checked on every run like the default's."""
     from harness.golden.paths import default_bundle_path
 
     try:
-        return bundle.path.resolve() == default_bundle_path().resolve()
+        here = bundle.path.resolve()
+        default = default_bundle_path().resolve()
+        return here == default or (bundle.name in PINNED_MANIFESTS
+                                    and here == (default.parent / bundle.name).resolve())
     except (OSError, RuntimeError):  # a loop: load_bundle has refused it already
         return False
 

@@ -40,7 +40,7 @@ from harness.run.options import (
 from harness.run.pytest_modes import non_run_mode
 from harness.run.registry import engine_path
 from harness.run.session import State
-from harness.run.xfails import XfailRule, XfailsError, check_id, read_xfails, xfails_file_name
+from harness.run.xfails import XfailRule, XfailsError, check_id, default_xfails_path, read_xfails
 
 PLUGIN_FIXTURES = frozenset({"bundle", "draft_name", "engine", "engine_class", "engine_options",
                              "report"})
@@ -140,7 +140,8 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     else:
         from harness.golden.paths import suites_path
 
-        state.xfails_path = suites_path() / "xfails" / xfails_file_name(state.engine_name)
+        bundle_name = state.bundle().name if state._bundle is not None else None
+        state.xfails_path = default_xfails_path(suites_path() / "xfails", state.engine_name, bundle_name)
     try:
         rules = read_xfails(state.xfails_path)
     except XfailsError as e:
