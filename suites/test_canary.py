@@ -42,10 +42,14 @@ def test_canary_acceptance(engine: Engine, oracle: Oracle, draft_name: str, repo
         report.metric(draft_name, "canary_same_dtype_reference", round(own, 4))
     line = canary_line(canary, own)
     if line is None:
-        pytest.skip(f"{draft_name}: in {engine.options.dtype} on {engine.options.device} the reference "
-                    f"engine itself serves {own:.3f} on the canary prompts, no more than the best wrong "
-                    f"wiring's {canary['best_wrong']:.3f} ({canary['best_wrong_wiring']}, fp32): the "
-                    f"canary cannot tell them apart in this dtype; the acceptance checks still judge it")
+        # fp32 (own None): the bundle's own canary, served as trained, is no better than its best
+        # wrong wiring (an untrained smoke bundle); else the same-dtype reference is not
+        served = (f"the bundle's draft served as trained gives {float(canary['served']):.3f}"
+                  if own is None else f"the reference engine itself serves {own:.3f}")
+        pytest.skip(f"{draft_name}: in {engine.options.dtype} on {engine.options.device} {served} on "
+                    f"the canary prompts, no more than the best wrong wiring's "
+                    f"{canary['best_wrong']:.3f} ({canary['best_wrong_wiring']}, fp32): the canary "
+                    f"cannot tell them apart here; the acceptance checks still judge it")
     report.metric(draft_name, "canary_threshold", round(line, 4))
     assert_canary_accepts(measured, canary, engine_name=engine.name, draft=draft_name, prompts=prompts,
                           same_dtype=own)

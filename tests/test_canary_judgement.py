@@ -167,3 +167,34 @@ def test_canary_line_in_reduced_precision_follows_the_same_dtype_reference() -> 
     assert canary_line(c, 2.9) is None and canary_line(c, 3.0) is None
     with pytest.raises(ConformanceFailure, match="reference engine itself serves 3.600"):
         assert_canary_accepts(3.2, c, engine_name="e", draft="d", prompts=[[1]], same_dtype=3.6)
+
+
+@pytest.mark.slow(reason="runs the canary check on the smoke bundle in a subprocess (~30 s)")
+def test_an_fp32_canary_without_a_line_skips_with_its_reason(smoke_bundle, tmp_path) -> None:
+    """Where the bundle's own canary, served as trained, is no better than its best wrong wiring
+    (the untrained smoke bundle), the fp32 check skips and says so; its message formatted the
+    same-dtype reference's value, which fp32 does not have, and raised TypeError instead."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    manifest = json.loads((smoke_bundle / "manifest.json").read_text())
+    lineless = [d for d, spec in manifest["drafts"].items()
+                if spec.get("canary") is not None and canary_line(spec["canary"]) is None]
+    if not lineless:
+        pytest.skip("every smoke-bundle draft's canary has a line in fp32: nothing to show here")
+    root = Path(__file__).resolve().parents[1]
+    out = tmp_path / "report"
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", "suites/test_canary.py",
+         "--engine", "reference", "--bundle", str(smoke_bundle), "--report-dir", str(out)],
+        cwd=root, env={**os.environ, "PYTHONPATH": str(root)}, capture_output=True, text=True,
+        timeout=600, check=False)
+    assert "TypeError" not in proc.stdout + proc.stderr, proc.stdout[-3000:]
+    report = json.loads((out / "report.json").read_text())
+    skipped = [c for c in report["checks"] if c["status"] == "skipped"]
+    assert {c.get("draft") for c in skipped} >= set(lineless), proc.stdout[-3000:]
+    assert all("served as trained gives" in str(c.get("reason") or c.get("message")) for c in skipped
+               if c.get("draft") in lineless)
