@@ -497,9 +497,15 @@ def embedding_or_shift(diag: Diagnosis, probe: Diagnosis) -> Diagnosis:
                f"fits both a shift of every id and a dropped embedding; a probe served the same "
                f"way with boundaries {list(probe.training_boundaries)} holds "
                f"{list(probe.engine_boundaries)}. root cause: {cause}. Probe: {probe.message}")
+    return _decided(diag, probe, kind, offset, message)
+
+
+def _decided(diag: Diagnosis, probe: Diagnosis, kind: str, offset: int | None,
+             message: str) -> Diagnosis:
+    """`diag` as the probe decided it: no longer ambiguous, the probe's margin its own, the
+    probe kept as its evidence; an id list suggested only for a shift."""
     return replace(diag, kind=kind, offset=offset, message=message,
                    suggested_layer_ids=diag.suggested_layer_ids if kind == "offset" else None,
-                   # the probe settled the ambiguity: its margin is the diagnosis' now
                    details={**{k: v for k, v in diag.details.items() if k != "ambiguous_with"},
                             "probe": probe.to_json(), "separated_by": "probe",
                             "confidence_margin": probe.details.get("confidence_margin",
@@ -588,9 +594,4 @@ def shift_or_local(diag: Diagnosis, probe: Diagnosis) -> Diagnosis:
                f"{list(diag.engine_boundaries)}, which alone fits both {other} and a "
                f"fault at that one boundary; a probe served the same way with boundaries {pb} "
                f"holds {pe}. root cause: {cause}. Probe: {probe.message}")
-    return replace(diag, kind=kind, offset=offset, message=message,
-                   suggested_layer_ids=diag.suggested_layer_ids if kind == "offset" else None,
-                   details={**{k: v for k, v in diag.details.items() if k != "ambiguous_with"},
-                            "probe": probe.to_json(), "separated_by": "probe",
-                            "confidence_margin": probe.details.get("confidence_margin",
-                                                                   diag.details.get("confidence_margin"))})
+    return _decided(diag, probe, kind, offset, message)

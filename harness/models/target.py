@@ -38,18 +38,20 @@ from transformers import (
 NUM_LAYERS = 8
 
 
+def _shared_dims(vocab_size: int, num_layers: int) -> dict[str, Any]:
+    """The dimensions both golden targets share (in this key order: a config's bytes, and so
+    the bundle's hashes, follow it), so the bundles differ only in what the architecture is."""
+    return {"vocab_size": vocab_size, "hidden_size": 128, "intermediate_size": 256,
+            "moe_intermediate_size": 64, "num_hidden_layers": num_layers,
+            "num_attention_heads": 2, "num_key_value_heads": 2}
+
+
 def target_config_dict(vocab_size: int = 512, num_layers: int = NUM_LAYERS) -> dict[str, Any]:
     """The one target shape the golden bundle uses; tests may shrink `num_layers`."""
     return {
         "architectures": ["DeepseekV3ForCausalLM"],
         "model_type": "deepseek_v3",
-        "vocab_size": vocab_size,
-        "hidden_size": 128,
-        "intermediate_size": 256,
-        "moe_intermediate_size": 64,
-        "num_hidden_layers": num_layers,
-        "num_attention_heads": 2,
-        "num_key_value_heads": 2,
+        **_shared_dims(vocab_size, num_layers),
         "n_shared_experts": 1,
         "n_routed_experts": 8,
         "num_experts_per_tok": 2,
@@ -92,13 +94,7 @@ def qwen3_moe_config_dict(vocab_size: int = 512, num_layers: int = NUM_LAYERS) -
     return {
         "architectures": ["Qwen3MoeForCausalLM"],
         "model_type": "qwen3_moe",
-        "vocab_size": vocab_size,
-        "hidden_size": 128,
-        "intermediate_size": 256,
-        "moe_intermediate_size": 64,
-        "num_hidden_layers": num_layers,
-        "num_attention_heads": 2,
-        "num_key_value_heads": 2,
+        **_shared_dims(vocab_size, num_layers),
         "head_dim": 64,
         "num_experts": 8,
         "num_experts_per_tok": 2,
