@@ -159,9 +159,11 @@ _CAUSE = {
     "order_permuted": "order permuted — the right boundaries in the wrong slots",
     "stale_or_skipped": "capture skipped — the engine skips capture for some layers or positions and leaves stale or zero values",
     "ids_ignored": "ids ignored — the engine captured its own default boundaries, not the ids the draft "
-                   "config lists (vLLM's V2 model runner reads a top-level eagle_aux_hidden_state_layer_ids "
-                   "or eagle_config.layer_ids, never the nested eagle_config.eagle_aux_hidden_state_layer_ids "
-                   "that SpecForge writes, and falls back to the model's (2, N//2, N-3))",
+                   "config lists (known cases: vLLM's V2 model runner reads a top-level "
+                   "eagle_aux_hidden_state_layer_ids or eagle_config.layer_ids, never the nested "
+                   "eagle_config.eagle_aux_hidden_state_layer_ids that SpecForge writes, and falls back "
+                   "to the model's (2, N//2, N-3); llama.cpp's converter does not read the nested ids "
+                   "either and writes its defaults)",
     "slots_aliased": "slots aliased — several slots hold the same state: the engine's capture list "
                      "holds one buffer that every capture overwrites, or copies one slot into all",
     "precision_loss": "precision loss — the right boundaries, rounded: the engine passes the aux "
