@@ -499,6 +499,7 @@ def test_observed_convention_as_declared(layout: str, engine_class: type, served
     where it sorts, its defaults nowhere, its offset everywhere."""
     require(engine_class, Capability.CAPTURE)
     n, batch = served.num_layers, oracle.pinned_prompts
+    check = f"test_observed_convention_as_declared[{layout}]"
     judged = []
     for told, conv in told_conventions(engine_class).items():
         declared = engine_class.convention or told
@@ -510,8 +511,7 @@ def test_observed_convention_as_declared(layout: str, engine_class: type, served
                 expected = ids_to_boundaries(ids, declared, n)  # what the declared rule captures
             except LayerIdError:
                 continue
-            result = served.serve(ids, layout, told_name, expected, batch,
-                                  f"test_observed_convention_as_declared[{layout}]")
+            result = served.serve(ids, layout, told_name, expected, batch, check)
             if result.failure is not None:
                 diagnoses.extend(result.failure.diagnoses)
         judged.append((declared, told_name, diagnoses))
@@ -524,7 +524,6 @@ def test_observed_convention_as_declared(layout: str, engine_class: type, served
         # verdict's, re-judged from the run's cached capture, never "unrecognised" by omission
         for o in [o for o in seen if o.ids not in PROBES and disagreements(declared, [o])][:3]:
             expected = ids_to_boundaries(o.ids, declared, n)
-            check = f"test_observed_convention_as_declared[{layout}]"
             result = served.serve(o.ids, layout, told_name, expected, batch, check)
             if result.failure is not None:
                 diagnoses.extend(separated(served, result.failure, get_convention(declared),

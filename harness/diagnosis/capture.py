@@ -23,7 +23,7 @@ from harness.core.boundaries import (
     short_boundary,
 )
 from harness.core.tolerances import rtol_for
-from harness.diagnosis.compare import AMBIGUOUS_MARGIN, Comparison, compare, slot_errors
+from harness.diagnosis.compare import AMBIGUOUS_MARGIN, Comparison, compare, rival_kind, slot_errors
 from harness.diagnosis.evidence import (
     batch_dependence,
     explain,
@@ -468,14 +468,10 @@ def embedding_only(diag: Diagnosis) -> bool:
     model comparison left ambiguous between exactly these two (the embedding and the final
     boundary, [0, N] held as [1, N]: a shift that leaves the final boundary in place fits as
     well as a dropped embedding)."""
-    pair = ("offset", "embedding_missing")
+    pair = {"offset", "embedding_missing"}
     if diag.kind not in pair or not diag.training_boundaries:
         return False
-    rival = diag.details.get("ambiguous_with")
-    named = {c.get("name"): c.get("kind")
-             for c in (diag.details.get("comparison") or {}).get("candidates", [])}
-    return set(diag.training_boundaries) == {0} or (
-        rival is not None and {diag.kind, named.get(rival, rival)} == set(pair))
+    return set(diag.training_boundaries) == {0} or {diag.kind, rival_kind(diag)} == pair
 
 
 def embedding_or_shift(diag: Diagnosis, probe: Diagnosis) -> Diagnosis:
@@ -519,15 +515,6 @@ _LOCAL = ("embedding_missing", "final_boundary_missing", "final_boundary_normed"
           "residual_missing", "stale_or_skipped", "unrecognised")
 
 
-def _rival_kind(diag: Diagnosis) -> str | None:
-    rival = diag.details.get("ambiguous_with")
-    if rival is None:
-        return None
-    named = {c.get("name"): c.get("kind")
-             for c in (diag.details.get("comparison") or {}).get("candidates", [])}
-    return named.get(rival) or str(rival)
-
-
 def separating_probe(diag: Diagnosis, n: int) -> tuple[int, ...] | None:
     """The boundaries of the draft that separates what `diag` could not, where it is one the
     layer-id check can serve; None where `diag` is decided or its ambiguity is of another kind.
@@ -536,7 +523,7 @@ def separating_probe(diag: Diagnosis, n: int) -> tuple[int, ...] | None:
     middle one tells them apart, a shifted reading moving the middle slot too."""
     if embedding_only(diag):
         return (0, n // 2)
-    rival = _rival_kind(diag)
+    rival = rival_kind(diag)
     kinds = {diag.kind, rival}
     mechanism = kinds & {"offset", "slots_aliased"}
     if rival is None or len(mechanism) != 1 or not (kinds - mechanism) <= set(_LOCAL):
@@ -559,36 +546,33 @@ def shift_or_local(diag: Diagnosis, probe: Diagnosis) -> Diagnosis:
     with the rest is the offset; the probe's first slot holding what `diag`'s off slot held with
     the middle slot as trained is the fault at that one boundary. A probe showing anything else
     leaves `diag` as it was (the evidence does not decide)."""
-    if set(diag.training_boundaries) == {0} or _rival_kind(diag) == "embedding_missing" \
-            or diag.kind == "embedding_missing":
+    if embedding_only(diag):  # the probe separating_probe asked for here is [0, N//2]
         return embedding_or_shift(diag, probe)
-    local = next((k for k in (diag.kind, _rival_kind(diag)) if k not in ("offset", "slots_aliased")),
-                 None)
+    kinds = (diag.kind, rival_kind(diag))
+    local = next((k for k in kinds if k not in ("offset", "slots_aliased")), None)
     held_b = [(h, b) for h, b in zip(diag.engine_boundaries, diag.training_boundaries, strict=False)
               if h != b]
+    if local is None or not held_b:
+        return diag
+    held, b = held_b[0]
+    fault = (f"a capture fault at boundary {b} alone (the engine hands {held} for it)"
+             if local == "unrecognised" else _CAUSE.get(local, local))
     pb, pe = list(probe.training_boundaries), list(probe.engine_boundaries)
-    aliased = "slots_aliased" in (diag.kind, _rival_kind(diag))
-    if aliased and held_b and pb == [held_b[0][1]] and pe == pb:
+    aliased = "slots_aliased" in kinds
+    if aliased and pb == [b] and pe == pb:
         kind, offset = "slots_aliased", None
-        cause = (f"{_CAUSE.get('slots_aliased', 'slots aliased')}; boundary {pb[0]} served alone "
-                 f"is captured as trained")
-    elif aliased:
-        if not (local and held_b and pb == [held_b[0][1]] and pe == [held_b[0][0]]):
-            return diag
+        cause = f"{_CAUSE['slots_aliased']}; boundary {b} served alone is captured as trained"
+    elif aliased and pb == [b] and pe == [held]:
         kind, offset = local, None
-        held, b = held_b[0]
-        what = (f"a capture fault at boundary {b} alone (the engine hands {held} for it)"
-                if local == "unrecognised" else _CAUSE.get(local, local))
-        cause = f"{what}; served alone, boundary {b} still holds {held}"
+        cause = f"{fault}; served alone, boundary {b} still holds {held}"
+    elif aliased:
+        return diag
     elif probe.kind == "offset" and probe.offset is not None:
         kind, offset = "offset", probe.offset
         cause = f"offset {probe.offset:+d} — every boundary is read {abs(probe.offset)} off"
-    elif local and held_b and len(pe) == 2 and pe[0] == held_b[0][0] and pe[1] == pb[1]:
+    elif len(pe) == 2 and pe[0] == held and pe[1] == pb[1]:
         kind, offset = local, None
-        held, b = held_b[0]
-        what = (f"a capture fault at boundary {b} alone (the engine hands {held} for it)"
-                if local == "unrecognised" else _CAUSE.get(local, local))
-        cause = f"{what}; at boundary {b} only: the probe's other boundary {pb[1]} is captured as trained"
+        cause = f"{fault}; at boundary {b} only: the probe's other boundary {pb[1]} is captured as trained"
     else:
         return diag
     other = "one buffer shared by every slot" if aliased else "a shift of every id"

@@ -239,12 +239,16 @@ def compare(winner_kind: str, winner_offset: int | None, errors: list[dict[Label
     return Comparison(win, runner, margin, _experiment(win, runner, train, n), ranked)
 
 
-def _candidate_kinds(diag: Any) -> set[str]:
-    """The kinds an ambiguous diagnosis could not separate: its own and its runner-up's."""
+def rival_kind(diag: Any) -> str | None:
+    """The kind of the runner-up an ambiguous diagnosis could not separate from its own (its
+    `ambiguous_with` is a candidate's name, "offset +1"; the comparison maps names to kinds);
+    None where the diagnosis is decided."""
     rival = diag.details.get("ambiguous_with")
+    if rival is None:
+        return None
     named = {c.get("name"): c.get("kind") for c in
              (diag.details.get("comparison") or {}).get("candidates", [])}
-    return {diag.kind, named.get(rival) or str(rival)}
+    return named.get(rival) or str(rival)
 
 
 def settled(diagnoses: Sequence[Any]) -> list[Any]:
@@ -255,4 +259,4 @@ def settled(diagnoses: Sequence[Any]) -> list[Any]:
     [0, 4] tells them apart). An ambiguity nothing in the run settles stays, with its wording."""
     decisive = {d.kind for d in diagnoses if "ambiguous_with" not in d.details}
     return [d for d in diagnoses
-            if "ambiguous_with" not in d.details or not (_candidate_kinds(d) & decisive)]
+            if "ambiguous_with" not in d.details or not ({d.kind, rival_kind(d)} & decisive)]

@@ -142,6 +142,8 @@ def precision(features: Sequence[torch.Tensor], golden: Sequence[TargetFeatures]
             c = (chunk[live] * ref).sum(-1, keepdim=True) / ref.pow(2).sum(-1, keepdim=True).clamp_min(1e-30)
             scaled.setdefault(s, []).append((own, relative_errors(chunk[live], c * ref)))
     e = torch.cat(errs)
+    if not e.numel():
+        return None
     # rounding noise is spread over all H channels, almost orthogonal to the state: one scalar
     # per token removes ~1/H of it. A rescale (a wrong norm eps, a scale factor) is parallel to
     # the state and that scalar removes it all: a slot where it does is no precision loss
@@ -153,8 +155,8 @@ def precision(features: Sequence[torch.Tensor], golden: Sequence[TargetFeatures]
     # reduced precision: the dtype's own noise carries a few tokens past any fixed bound (a
     # routing flip; harness.core.tolerances.REASONS['rtol']), so the bound holds the typical
     # token (90%), not the worst (an fp16 run's pinned prompts: one token at 0.053)
-    top = float(e.max()) if separation <= 0 or not e.numel() else float(e.quantile(0.9))
-    if not e.numel() or top > PRECISION_BOUND or (separation <= 0 and top <= rtol):
+    top = float(e.max()) if separation <= 0 else float(e.quantile(0.9))
+    if top > PRECISION_BOUND or (separation <= 0 and top <= rtol):
         return None
     lo, hi = float(e.quantile(0.1)), float(e.quantile(0.9))
     if lo < hi / 20:
