@@ -1,8 +1,9 @@
-"""Only here to put the suites and the committed golden bundle into the wheel.
+"""Only here to put the suites and the committed golden bundles into the wheel.
 
-pyproject.toml holds the metadata. The suites (suites/) and the bundle (golden/tiny-dsv3) live
-at the top of the checkout, where `pip install -e .` and a plain `pytest suites` use them; a
-wheel copies them into the package as harness/_bundled/{suites,golden/tiny-dsv3}, where
+pyproject.toml holds the metadata. The suites (suites/) and the bundles (golden/tiny-dsv3, and
+golden/tiny-qwen3moe, the one llama.cpp captures on) live at the top of the checkout, where
+`pip install -e .` and a plain `pytest suites` use them; a wheel copies them into the package as
+harness/_bundled/{suites,golden/<name>}, where
 harness.golden.paths finds them when no checkout is around (issue #35: an installed package must run
 the suite outside the repository).
 """
@@ -21,7 +22,7 @@ ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT))
 from harness.reports.certificate import git_state  # noqa: E402  (stdlib-only module)
 
-BUNDLED = ("suites", "golden/tiny-dsv3")
+BUNDLED = ("suites", "golden/tiny-dsv3", "golden/tiny-qwen3moe")
 
 
 class BuildPyWithSuites(build_py):

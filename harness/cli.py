@@ -27,6 +27,7 @@ from harness.run.options import (
     RUN_OPTIONS,
     OptionError,
     add_run_options,
+    bundle_arg_problem,
     bundle_path,
     forward,
     load_run_bundle,
@@ -280,7 +281,7 @@ def cmd_selftest(a: argparse.Namespace, extra: Sequence[str]) -> int:
     if not 0 <= a.run_timeout < float("inf"):
         raise CliError(f"--run-timeout {a.run_timeout} is not a number of seconds; pass one > 0, "
                        f"or 0 for no limit")
-    _problem(device_problem(a.device) or input_path_problem("--bundle", a.bundle, "folder"))
+    _problem(device_problem(a.device) or bundle_arg_problem(a.bundle))
     bundle = bundle_path(a.bundle)
     _check_bundle(bundle, ())
     zoo = zoo_mutants()
@@ -490,7 +491,7 @@ def cmd_verify_certificate(a: argparse.Namespace, extra: Sequence[str]) -> int:
 
     try:
         cert, problems = verify_paths(Path(a.certificate), Path(a.report) if a.report else None,
-                                      Path(a.bundle) if a.bundle else None)
+                                      bundle_path(a.bundle) if a.bundle else None)
     except CertificateError as e:
         raise CliError(str(e)) from None
     for line in problems:

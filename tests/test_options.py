@@ -5,6 +5,7 @@ and both refuse a bad value with the same one line."""
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 import pytest
 
@@ -60,3 +61,27 @@ def test_one_validation_for_cli_and_plugin(change: dict, needle: str, pytester: 
     result = pytester.runpytest_subprocess(*argv)
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     assert needle in result.stderr.str()
+
+
+def test_a_committed_bundle_is_found_by_its_name_from_anywhere(tmp_path, monkeypatch) -> None:
+    """`--bundle tiny-qwen3moe` (or golden/tiny-qwen3moe) from a folder without one names the
+    committed copy (outside a checkout the only way to reach the second bundle); a folder of
+    that name where the run starts is the user's and wins; any other missing name stays
+    missing and is refused in one line."""
+    from harness.golden.paths import committed_bundle_path
+    from harness.run.options import bundle_arg_problem, bundle_path
+
+    monkeypatch.chdir(tmp_path)
+    committed = committed_bundle_path("tiny-qwen3moe")
+    assert committed.is_dir()
+    assert bundle_path("tiny-qwen3moe") == committed
+    assert bundle_path("golden/tiny-qwen3moe") == committed
+    assert bundle_arg_problem("tiny-qwen3moe") is None
+    assert bundle_path("elsewhere/tiny-qwen3moe") == Path("elsewhere/tiny-qwen3moe")
+    assert "does not exist" in bundle_arg_problem("tiny-nothing")
+    assert "does not exist" in bundle_arg_problem("elsewhere/tiny-qwen3moe")
+    (tmp_path / "tiny-qwen3moe").mkdir()
+    assert bundle_path("tiny-qwen3moe") == Path("tiny-qwen3moe")
+    with pytest.raises(OptionError, match="empty|--bundle"):
+        validate({**{o.dest: o.default for o in RUN_OPTIONS}, "engine": "reference",
+                  "bundle": ""})

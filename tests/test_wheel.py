@@ -1,5 +1,5 @@
 """The wheel carries what an installed package needs to run the suite outside a checkout: the
-suites, their xfails, the committed golden bundle and the JSON Schemas (issue #35: the wheel
+suites, their xfails, the committed golden bundles and the JSON Schemas (issue #35: the wheel
 lacked suites/ and the bundle, so `pip install <wheel>` could not run anything).
 
 Built from a copy of the working tree (tracked and untracked, not ignored, files) (a build writes build/ and *.egg-info where it runs),
@@ -19,6 +19,8 @@ import zipfile
 from pathlib import Path
 
 import pytest
+
+from harness.golden.pins import PINNED_MANIFESTS
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -57,9 +59,10 @@ def test_wheel_carries_the_suites_the_bundle_and_the_schemas(wheel: Path) -> Non
         assert f"harness/_bundled/suites/{name}" in names, name
     for xf in (ROOT / "suites" / "xfails").iterdir():
         assert f"harness/_bundled/suites/xfails/{xf.name}" in names, xf.name
-    manifest = json.loads((ROOT / "golden" / "tiny-dsv3" / "manifest.json").read_text())
-    for rel in ["manifest.json", *manifest["files"]]:
-        assert f"harness/_bundled/golden/tiny-dsv3/{rel}" in names, rel
+    for bundle in PINNED_MANIFESTS:  # every committed bundle, tiny-qwen3moe (issue #37) too
+        manifest = json.loads((ROOT / "golden" / bundle / "manifest.json").read_text())
+        for rel in ["manifest.json", *manifest["files"]]:
+            assert f"harness/_bundled/golden/{bundle}/{rel}" in names, (bundle, rel)
     for kind in ("report", "certificate"):
         assert f"harness/schemas/{kind}.v1.schema.json" in names
     assert "harness/_bundled/build_info.json" in names
@@ -102,3 +105,11 @@ def test_the_unpacked_wheel_runs_the_suite_outside_the_checkout(wheel: Path, tmp
                  str(site / "harness" / "_bundled" / "golden" / "tiny-dsv3"))
     assert verify.returncode == 0, verify.stdout + verify.stderr
     assert (work / "out" / "badge.svg").is_file()
+    # the second bundle by its name: outside a checkout the wheel's pinned copy
+    qwen = cli("run", "--engine", "reference", "--bundle", "tiny-qwen3moe", "--draft",
+               "single-aux", "--profile", "dev", "--report-dir", "out-qwen", "-k",
+               "test_draft_config or test_fc_output", "--", "-q", "-p", "no:cacheprovider")
+    assert qwen.returncode == 0, qwen.stdout[-2000:] + qwen.stderr[-2000:]
+    cert = json.loads((work / "out-qwen" / "certificate.json").read_text())
+    assert cert["bundle"]["pinned"] is True
+    assert cert["bundle"]["path"] == str(site / "harness" / "_bundled" / "golden" / "tiny-qwen3moe")

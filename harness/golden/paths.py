@@ -23,5 +23,11 @@ def default_bundle_path() -> Path:
     return _root() / "golden" / DEFAULT_BUNDLE_NAME
 
 
+def committed_bundle_path(name: str) -> Path:
+    """golden/<name> beside the default bundle: the checkout's, or the wheel's copy (setup.py
+    bundles every committed bundle, not only the default)."""
+    return _root() / "golden" / name
+
+
 def suites_path() -> Path:
     return _root() / "suites"

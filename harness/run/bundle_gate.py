@@ -50,7 +50,7 @@ def committed_pin_problem(bundle: Bundle) -> str | None:
     problem = pinned_problem(bundle.name, bundle.path / MANIFEST)
     return None if problem is None else (
         f"the committed bundle fails its pin: {problem} (rebuilt on purpose: pin its new digest "
-        f"in harness/golden/integrity.py)")
+        f"in harness/golden/pins.py)")
 
 
 def bundle_lint_problem(bundle: Bundle) -> str | None:

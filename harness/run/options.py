@@ -107,7 +107,7 @@ def validate(values: Mapping[str, Any]) -> None:
         raise OptionError(str(e)) from None
     problem = (run_option_problem(values["device"], values["num_draft_tokens"],
                                   values["engine_timeout_scale"])
-               or input_path_problem("--bundle", values.get("bundle"), "folder"))
+               or bundle_arg_problem(values.get("bundle")))
     if problem:
         raise OptionError(problem)
     xfails = values.get("xfails")
@@ -136,12 +136,28 @@ def prepare_report_dir(given: str | Path) -> Path:
 
 def bundle_path(given: str | Path | None) -> Path:
     """The bundle `--bundle` names; the committed one only when it names none (None): an
-    empty `--bundle ''` is refused by `validate`, never read as "the default"."""
-    if given is not None:
-        return Path(given)
-    from harness.golden.paths import default_bundle_path
+    empty `--bundle ''` is refused by `validate`, never read as "the default". A committed
+    bundle's name (`tiny-qwen3moe`, or `golden/tiny-qwen3moe`) that is no folder here names the
+    committed copy (the checkout's, or the installed wheel's): outside a checkout that is the
+    only way to reach the second bundle, and it is the pinned one, checked on every run."""
+    from harness.golden.paths import committed_bundle_path, default_bundle_path
+    from harness.golden.pins import PINNED_MANIFESTS
 
-    return default_bundle_path()
+    if given is None:
+        return default_bundle_path()
+    path = Path(given)
+    if (str(given) and not path.exists() and path.name in PINNED_MANIFESTS
+            and path.parts in ((path.name,), ("golden", path.name))):
+        committed = committed_bundle_path(path.name)
+        if committed.is_dir():
+            return committed
+    return path
+
+
+def bundle_arg_problem(given: str | Path | None) -> str | None:
+    """What is wrong with `--bundle` as given (None and '' judged as written: no bundle, and a
+    refused empty one), after a committed bundle's name is resolved (`bundle_path`)."""
+    return input_path_problem("--bundle", given if not given else bundle_path(given), "folder")
 
 
 def load_run_bundle(path: str | Path, drafts: Sequence[str] = (), arg: str = "--bundle",
