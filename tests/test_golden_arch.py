@@ -121,6 +121,8 @@ def test_qwen3_moe_smoke_build(tmp_path: Path) -> None:
                        arch="qwen3-moe", waive=("decay",))
     bundle = load_bundle(out)
     assert list(bundle.manifest["waived_bars"]) == ["decay"]
+    # the way out it names is this architecture's committed target, not the DeepSeek one
+    assert "--target-from golden/tiny-qwen3moe/target" in bundle.manifest["waived_bars"]["decay"]
     assert bundle.manifest["target"]["architecture"] == "Qwen3MoeForCausalLM"
     assert "Qwen3-MoE" in bundle.manifest["description"]
     assert set(bundle.draft_names) == {r.name for r in draft_recipes(bundle.num_layers)}
@@ -161,6 +163,8 @@ def test_committed_qwen3_moe_bundle_is_pinned_and_checked_like_the_default() -> 
     assert bundle.manifest["target"]["architecture"] == "Qwen3MoeForCausalLM"
     # built with the two acceptance bars waived, and the manifest says why they were not met
     assert sorted(bundle.manifest["waived_bars"]) == ["decay", "shift"]
+    assert all("golden/tiny-qwen3moe/target" in why and "tiny-dsv3" not in why
+               for why in bundle.manifest["waived_bars"].values())
 
 
 def test_an_engine_run_on_the_qwen3_moe_bundle_reads_its_own_xfails() -> None:

@@ -150,14 +150,24 @@ def target_problem(accuracy: float, final_loss: float, bigram: float) -> str | N
     return None
 
 
-def no_usable_target(attempts: Sequence[tuple[str, str]]) -> str:
+# The committed bundle of each architecture: the one whose target a rebuild can start from
+# (`--target-from golden/<name>/target`) when training on this machine does not give a usable one.
+COMMITTED_BUNDLE = {"deepseek-v3": "tiny-dsv3", "qwen3-moe": "tiny-qwen3moe"}
+
+
+def rebuild_hint(arch: str = DEFAULT_ARCHITECTURE) -> str:
+    """The ways out of a refused build, naming the committed target of the build's own
+    architecture (a Qwen3-MoE build told to start from the DeepSeek target would be refused)."""
+    return (f"rebuild the drafts on the committed target with --target-from "
+            f"golden/{COMMITTED_BUNDLE[arch]}/target, or search more seeds with --tries")
+
+
+def no_usable_target(attempts: Sequence[tuple[str, str]], arch: str = DEFAULT_ARCHITECTURE) -> str:
     """The one-line refusal when every recipe in `TARGET_RECIPES` failed: each attempt's
     problem, and the ways out."""
     tried = "; ".join(f"{name}: {problem}" for name, problem in attempts)
     return (f"no target recipe trained a usable target on this machine ({tried}). Training is "
-            f"sensitive to floating-point order across machines: rebuild the drafts on the "
-            f"committed target with --target-from golden/tiny-dsv3/target, or search more seeds "
-            f"with --tries")
+            f"sensitive to floating-point order across machines: {rebuild_hint(arch)}")
 
 
 class UnusableBuild(ValueError):
@@ -195,7 +205,8 @@ WAIVABLE_BARS = ("shift", "decay")
 
 
 def _bar_problem(values: dict[str, float], bar: float, need: int, num_drafts: int,
-                 what: str, why: str, fmt: str = ".1%") -> str | None:
+                 what: str, why: str, fmt: str = ".1%",
+                 arch: str = DEFAULT_ARCHITECTURE) -> str | None:
     """Why the drafts measured so far (`values`) can no longer give `need` of `num_drafts`
     at or above `bar`, or None; checked after every draft, so a seed that cannot make a
     bundle stops as soon as that is known."""
@@ -204,11 +215,11 @@ def _bar_problem(values: dict[str, float], bar: float, need: int, num_drafts: in
         return None
     shown = ", ".join(f"{d} {v:{fmt}}" for d, v in weak.items())
     return (f"{what} {shown}, under the {bar:{fmt}} that at least {need} of {num_drafts} drafts "
-            f"must reach, so {why}. Rebuild the drafts on the committed target with "
-            f"--target-from golden/tiny-dsv3/target, or search more seeds with --tries")
+            f"must reach, so {why}. {rebuild_hint(arch)[0].upper()}{rebuild_hint(arch)[1:]}")
 
 
-def shift_problem(costs: dict[str, float], num_drafts: int) -> str | None:
+def shift_problem(costs: dict[str, float], num_drafts: int,
+                  arch: str = DEFAULT_ARCHITECTURE) -> str | None:
     """Why the drafts trained so far (`costs`: each one's held-out acceptance lost with every
     slot one boundary early) can no longer make a bundle that meets the shift bar, or None.
     Measured on an AMD EPYC: a target from the 100-step-ramp recipe whose greedy text loops on
@@ -216,17 +227,18 @@ def shift_problem(costs: dict[str, float], num_drafts: int) -> str | None:
     return _bar_problem(costs, MIN_SHIFT_COST, MIN_SHIFT_SENSITIVE_DRAFTS, num_drafts,
                         "the drafts barely notice a wrong wiring: every slot one boundary early costs",
                         "the acceptance checks could not tell an off-by-one engine; the target's "
-                        "text is too predictable without its deep features")
+                        "text is too predictable without its deep features", arch=arch)
 
 
-def decay_problem(acc_k: dict[str, Sequence[float]], num_drafts: int) -> str | None:
+def decay_problem(acc_k: dict[str, Sequence[float]], num_drafts: int,
+                  arch: str = DEFAULT_ARCHITECTURE) -> str | None:
     """Why the drafts trained so far (`acc_k`: each one's held-out TTT accuracies) can no
     longer make a bundle whose drafts decay over TTT steps like a real draft's, or None."""
     return _bar_problem({d: a[0] - a[-1] for d, a in acc_k.items()}, MIN_TTT_DECAY,
                         MIN_DECAYING_DRAFTS, num_drafts,
                         "the drafts' TTT accuracy is flat: acc_0 - acc_6 is",
                         "the bundle's drafts would not behave like trained EAGLE-3 drafts, whose "
-                        "accuracy falls with each step", fmt=".3f")
+                        "accuracy falls with each step", fmt=".3f", arch=arch)
 
 
 def canary_problem(draft: str, canary: dict[str, Any]) -> str | None:
@@ -456,8 +468,8 @@ def _build(out: Path, seed: int, size: BuildSize, log: Callable[[str], None],
                 f"{canary['threshold']:.3f}")
             shift_costs[recipe.name] = table["slots_minus_one"]["loss"]
             profiles[recipe.name] = dt.acc_k
-            bars = {"shift": shift_problem(shift_costs, len(recipes)),
-                    "decay": decay_problem(profiles, len(recipes))}
+            bars = {"shift": shift_problem(shift_costs, len(recipes), spec.name),
+                    "decay": decay_problem(profiles, len(recipes), spec.name)}
             problem = canary_problem(recipe.name, canary) or next(
                 (p for bar, p in bars.items() if p and bar not in waive), None)
             if size.require_usable and problem:
@@ -579,7 +591,7 @@ def _train_usable_target(lang, seed: int, size: BuildSize, bigram: float,
             return tt, recipe
         log(f"  refused: {problem}")
         attempts.append((recipe.name, problem))
-    raise UnusableBuild(no_usable_target(attempts))
+    raise UnusableBuild(no_usable_target(attempts, arch))
 
 
 def _reuse_target(folder: Path, seed: int, steps: int,

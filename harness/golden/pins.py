@@ -10,5 +10,5 @@ from __future__ import annotations
 PINNED_MANIFESTS: dict[str, str] = {
     "tiny-dsv3": "1e8fa4454a3769e4187621397f5c32616bd21ddb54a83acb46b3e35bebeceb39",
     # the Qwen3-MoE bundle beside it (issue #37): the target llama.cpp can capture from
-    "tiny-qwen3moe": "d60358f85ff586d23edaef633ac3063aee08af079f01c88dbef11d932952044b",
+    "tiny-qwen3moe": "a8bdc0cf02cd6e9ceff8de2d705d3bc07866d19eca16127205460aaa223142ec",
 }
