@@ -95,6 +95,10 @@ class LlamacppEngine(WorkerEngine):
     # No fc probe (llama.cpp's EAGLE-3 encoder output is not exposed by its API) and no
     # throughput gate yet (timing through llama-server's HTTP loop is not measured here).
     capabilities: ClassVar[frozenset[Capability]] = frozenset({Capability.CAPTURE, Capability.GENERATE})
+    # llama-server drafts at most n_remaining - 1 tokens (tools/server/server-context.cpp,
+    # get_n_draft_max) and counts the shorter last draft; measured: its counters equal the
+    # golden trace replayed under that rule on every prompt (tests/test_acceptance_budget.py)
+    draft_budget: ClassVar[str] = "capped"
 
     def __init__(self, target_dir: Path, draft_dir: Path, options: EngineOptions) -> None:
         super().__init__(target_dir, draft_dir, options)
