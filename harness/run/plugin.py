@@ -115,8 +115,15 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 
 def _is_check(item: pytest.Item) -> bool:
-    if PLUGIN_FIXTURES & set(getattr(item, "fixturenames", ())):
-        return True
+    """A check of the engine: a test of the suites, or one that asks for the plugin's own
+    fixtures (an adapter's tests may). A test whose module defines a fixture of the same
+    name (a unit test's own `bundle`) does not use the plugin's and is no check: counting it
+    printed a verdict banner, "nonconformant", under a unit-test session."""
+    info = getattr(item, "_fixtureinfo", None)
+    for name in PLUGIN_FIXTURES & set(getattr(item, "fixturenames", ())):
+        defs = info.name2fixturedefs.get(name) if info is not None else None
+        if not defs or getattr(defs[-1].func, "__module__", None) == __name__:
+            return True
     from harness.golden.paths import suites_path
 
     return Path(item.path).resolve().is_relative_to(suites_path().resolve())

@@ -99,6 +99,9 @@ def _load(path: str, builtin: bool) -> type:
         if not builtin:  # the user's own adapter is broken: their input, not our engine
             raise EngineLookupError(f"cannot import {module_name}: it needs {missing!r}, which is "
                                     f"not installed; install it or fix the adapter") from None
+        if not missing:  # raised by a package's own lazy import (transformers'), no module named
+            raise EngineUnavailable(f"{module_name} failed to import: "
+                                    f"{(str(e).strip().splitlines() or [''])[0]}") from None
         raise EngineUnavailable(f"{module_name} needs {missing!r}, which is not installed; "
                                 f"install the engine (e.g. pip install -e '.[vllm]')") from None
     except Exception as e:  # engines fail at import in many ways (no GPU, ABI clash)
