@@ -102,6 +102,7 @@ def test_capture_on_deepseek2_aborts_in_the_worker_not_in_pytest(bundle) -> None
         assert "layer input tensor is null" in str(err.value) and "signal 6" in str(err.value)
         # quoted relative to llama.cpp's sources: the same finding reads the same on any machine
         assert "src/llama-graph.cpp:" in str(err.value) and str(REPO) not in str(err.value)
+        assert ".llamacpp/" not in str(err.value)
         d = crash_diagnosis(str(err.value), [1, 3, 4], bundle.hidden_size)
         assert d.kind == "engine_cannot_express"
         with pytest.raises(EngineCrash) as err:
@@ -172,3 +173,14 @@ def test_the_suite_reports_the_abort_as_a_finding(bundle, tmp_path: Path) -> Non
     [check] = [c for c in report["checks"] if "test_capture_pinned_prompts" in c["id"]]
     assert check["status"] == "xfail", check
     assert [d["kind"] for d in check["diagnoses"]] == ["engine_cannot_express"]
+
+
+def test_a_build_elsewhere_is_quoted_relative_to_its_sources_too() -> None:
+    """A crash of a build outside this checkout (EAGLE3_LLAMACPP_BUILD, as when a report is
+    made from another clone's build) names that clone's source tree: report.json and
+    docs/CONFORMANCE.md quoted /tmp/ci_clone/.llamacpp/11434.0.0/src/src/llama-graph.cpp."""
+    from harness.engines.llamacpp import _FOREIGN_SOURCES
+
+    said = ("llama.cpp failed during capture: llama.cpp worker died (killed by signal 6); its log "
+            "ends: /tmp/ci_clone/.llamacpp/11434.0.0/src/src/llama-graph.cpp:1702: GGML_ASSERT(t) failed")
+    assert _FOREIGN_SOURCES.sub("", said).endswith("its log ends: src/llama-graph.cpp:1702: GGML_ASSERT(t) failed")

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -85,6 +86,10 @@ def kv_overrides(target_config: dict[str, Any]) -> dict[str, int]:
             and target_config.get("q_lora_rank") is None:
         return {"deepseek2.attention.q_lora_rank": 0}
     return {}
+
+
+# a llama.cpp source tree unpacked by scripts/fetch_llamacpp.sh in any checkout
+_FOREIGN_SOURCES = re.compile(r"[^\s'\"()]*/\.llamacpp/[^/\s]+/src/")
 
 
 class LlamacppEngine(WorkerEngine):
@@ -169,7 +174,8 @@ class LlamacppEngine(WorkerEngine):
             text = str(crash)
             for prefix in {str(source_dir()), str(source_dir().resolve())}:
                 text = text.replace(prefix.rstrip("/") + "/", "")
-            raise EngineCrash(text) from None
+            # a build elsewhere (EAGLE3_LLAMACPP_BUILD) names its own source tree
+            raise EngineCrash(_FOREIGN_SOURCES.sub("", text)) from None
 
     def _convert(self, folder: Path, target_dir: Path | None = None) -> Path:
         from harness.engines._llamacpp_convert import convert
