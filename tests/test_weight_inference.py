@@ -196,3 +196,20 @@ def test_block_scores_batched_and_in_rounds_equal_one_prompt_at_a_time() -> None
     grown.add(prompts[3:], feats[3:])
     once, twice = infer_boundaries(draft, prompts, feats, score_from=1), infer_boundaries(draft, [], [], scores=grown)
     assert once.to_json() == twice.to_json()
+
+
+def test_greedy_prompts_side_by_side_equal_one_seed_at_a_time() -> None:
+    """Seeds of one length are continued as one batch (no padding): the texts must be those
+    of one seed at a time, in the seeds' order, whatever the mix of lengths."""
+    target = load_target(BUNDLE / "target")
+    seeds = [[0, 5, 9], [0, 7, 11, 13, 2], [0, 3, 4], [0, 8], [0, 5, 9]]
+    batched = greedy_prompts(target, seeds, 6)
+    alone = []
+    with torch.no_grad():
+        for s in seeds:
+            ids = torch.tensor([s])
+            for _ in range(6):
+                ids = torch.cat([ids, target(input_ids=ids, use_cache=False).logits[:, -1:].argmax(-1)], 1)
+            alone.append(ids[0].tolist())
+    assert batched == alone
+    assert all(b[:len(s)] == s and len(b) == len(s) + 6 for b, s in zip(batched, seeds, strict=True))

@@ -189,16 +189,23 @@ def student_t_quantile(p: float, df: int) -> float:
 def greedy_prompts(target: torch.nn.Module, seeds: Sequence[Sequence[int]],
                    new_tokens: int) -> list[list[int]]:
     """Each seed continued greedily by the target: text the target itself would produce,
-    which is what a draft is trained (and served) to predict."""
-    out = []
+    which is what a draft is trained (and served) to predict. Seeds of one length are
+    continued side by side, `BATCH` rows per forward (no padding, so each row is computed as
+    alone: tests/test_weight_inference.py checks the texts equal one seed at a time); 96
+    seeds of 24 tokens continued 32: 31 s against 410 s one at a time on 2 shared cores."""
+    out: list[list[int]] = [[] for _ in seeds]
     device = next(target.parameters()).device
     with torch.no_grad():
-        for s in seeds:
-            ids = torch.tensor([list(s)], dtype=torch.long, device=device)
-            for _ in range(new_tokens):
-                nxt = target(input_ids=ids, use_cache=False).logits[0, -1].argmax()
-                ids = torch.cat([ids, nxt.view(1, 1)], dim=1)
-            out.append(ids[0].tolist())
+        for length in sorted({len(s) for s in seeds}):
+            group = [i for i, s in enumerate(seeds) if len(s) == length]
+            for start in range(0, len(group), BATCH):
+                rows = group[start:start + BATCH]
+                ids = torch.tensor([list(seeds[i]) for i in rows], dtype=torch.long, device=device)
+                for _ in range(new_tokens):
+                    nxt = target(input_ids=ids, use_cache=False).logits[:, -1].argmax(-1)
+                    ids = torch.cat([ids, nxt[:, None]], dim=1)
+                for row, i in enumerate(rows):
+                    out[i] = ids[row].tolist()
     return out
 
 
