@@ -25,3 +25,19 @@ def smoke_bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
     return build_bundle(tmp_path_factory.mktemp("smoke") / "smoke", seed=0,
                         size=BUILD_SIZES["smoke"], log=lambda _line: None)
+
+
+@pytest.fixture(scope="module")
+def qwen_on_llamacpp():
+    """golden/tiny-qwen3moe for tests that serve it with llama.cpp: skipped, saying why, where
+    llama.cpp is not built here; its shared llama.cpp workers stopped after the module."""
+    from harness.engines.llamacpp import missing_build, shutdown
+    from harness.golden.bundle import load_bundle
+    from harness.golden.paths import committed_bundle_path
+
+    why = missing_build()
+    if why is not None:
+        print(f"llama.cpp unavailable: {why}")
+        pytest.skip(why)
+    yield load_bundle(committed_bundle_path("tiny-qwen3moe"))
+    shutdown()

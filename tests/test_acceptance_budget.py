@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -20,9 +19,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from harness.engines.base import Engine, EngineOptions
-from harness.engines.llamacpp import LlamacppEngine, missing_build, shutdown
+from harness.engines.llamacpp import LlamacppEngine
 from harness.engines.reference import ReferenceEngine
-from harness.golden.bundle import Bundle, load_bundle
+from harness.golden.bundle import Bundle
 from harness.golden.draft_factory import TOP_LEVEL, DraftFactory
 from harness.golden.paths import committed_bundle_path
 from harness.judgement.acceptance import acceptance_from_traces, rounds_under_budget
@@ -78,22 +77,14 @@ def test_a_budget_the_suite_does_not_know_is_refused() -> None:
 QWEN = committed_bundle_path("tiny-qwen3moe")
 
 
-@pytest.fixture(scope="module")
-def qwen() -> Iterator[Bundle]:
-    why = missing_build()
-    if why is not None:
-        print(f"llama.cpp unavailable: {why}")
-        pytest.skip(why)
-    yield load_bundle(QWEN)
-    shutdown()
-
-
 @pytest.mark.engine
 @pytest.mark.slow(reason="serves the pinned prompts with llama.cpp in fp32 (~30 s with its GGUFs cached)")
-def test_llamacpps_counters_are_the_golden_trace_under_its_budget(qwen: Bundle, tmp_path: Path) -> None:
+def test_llamacpps_counters_are_the_golden_trace_under_its_budget(qwen_on_llamacpp: Bundle,
+                                                                   tmp_path: Path) -> None:
     """specforge-default with its training boundaries spelled as llama.cpp reads ids (top
     level, [2, 4, 5]), fp32: on every pinned prompt llama.cpp's own counters are the golden
     trace, replayed under its capped budget, exactly; the full-budget count is not."""
+    qwen = qwen_on_llamacpp
     manifest = qwen.manifest
     new_tokens = int(manifest["prompts"]["continuation_len"])
     golden = [[int(x) for x in row if x >= 0] for row in qwen.tensors["specforge-default.accept_trace"]]
@@ -116,7 +107,7 @@ def test_llamacpps_counters_are_the_golden_trace_under_its_budget(qwen: Bundle, 
 
 @pytest.mark.engine
 @pytest.mark.slow(reason="runs the acceptance check against llama.cpp in fp32 (~40 s cached)")
-def test_the_golden_trace_check_passes_llamacpp_in_fp32(qwen: Bundle, tmp_path: Path) -> None:
+def test_the_golden_trace_check_passes_llamacpp_in_fp32(qwen_on_llamacpp: Bundle, tmp_path: Path) -> None:
     """The suite's own check, fp32, on the draft llama.cpp serves as trained (specforge-default:
     the nested ids are ignored by the converter, whose defaults are the training boundaries):
     passed, its golden figure the capped one."""

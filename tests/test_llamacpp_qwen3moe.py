@@ -9,7 +9,6 @@ suite's own finding on this bundle); these tests take that step out to see the c
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -18,14 +17,12 @@ import torch
 from harness.core.tolerances import rtol_for
 from harness.diagnosis.capture import diagnose_capture
 from harness.engines.base import EngineOptions
-from harness.engines.llamacpp import LlamacppEngine, missing_build, shutdown
-from harness.golden.bundle import Bundle, load_bundle
+from harness.engines.llamacpp import LlamacppEngine
+from harness.golden.bundle import Bundle
 from harness.golden.draft_factory import TOP_LEVEL, DraftFactory
 from harness.golden.features import relative_errors
 from harness.golden.oracle import Oracle
-from harness.golden.paths import default_bundle_path
 
-BUNDLE = default_bundle_path().parent / "tiny-qwen3moe"
 PROMPTS = 4  # of the 16 pinned (lengths 1, 2, 32 and one drawn): enough to see every slot
 
 pytestmark = [pytest.mark.engine,
@@ -33,13 +30,8 @@ pytestmark = [pytest.mark.engine,
 
 
 @pytest.fixture(scope="module")
-def bundle() -> Iterator[Bundle]:
-    why = missing_build()
-    if why is not None:
-        print(f"llama.cpp unavailable: {why}")
-        pytest.skip(why)
-    yield load_bundle(BUNDLE)
-    shutdown()
+def bundle(qwen_on_llamacpp: Bundle) -> Bundle:
+    return qwen_on_llamacpp
 
 
 def _capture(bundle: Bundle, tmp_path: Path, draft: str, ids: list[int]) -> list[torch.Tensor]:
