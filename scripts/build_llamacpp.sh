@@ -6,7 +6,11 @@
 # .llamacpp/<version>/build, a folder git ignores, keyed by version: a second call finds
 # both outputs and does nothing. GGML_NATIVE=OFF so a cached build runs on any x86-64
 # (CI runners differ from the machine that built it). Measured on 2 shared cores with -j2:
-# ~15 s fetch, 555 s build (issue #37, measured 2026-12-05). Usage: scripts/build_llamacpp.sh [version]
+# ~15 s fetch, 555 s build (issue #37, measured 2026-12-05; 310 s on an idle 2-core machine,
+# 2026-12-06). LLAMA_USE_PREBUILT_UI=OFF: the server's web UI (the adapter runs it --no-webui) is
+# not downloaded at build time; without it the build tried huggingface.co and failed over on
+# DNS, a network call a CI without internet must not depend on (it now embeds 0 UI assets).
+# Usage: scripts/build_llamacpp.sh [version]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 version="${1:-11434.0.0}"
@@ -27,6 +31,7 @@ cmake -S "$src" -B "$build" \
     -DGGML_NATIVE=OFF \
     -DLLAMA_BUILD_TESTS=OFF \
     -DLLAMA_BUILD_EXAMPLES=OFF \
+    -DLLAMA_USE_PREBUILT_UI=OFF \
     >"$build.cmake.log" 2>&1 || { cat "$build.cmake.log" >&2; exit 1; }
 cmake --build "$build" --target llama llama-server -j "$jobs"
 test -f "$lib" || lib_found=$(find "$build" -name 'libllama.so' | head -1)
