@@ -47,15 +47,16 @@ def test_capped_replay_gives_llamacpps_measured_counters(trace: list[int], count
 @given(st.lists(st.integers(0, K), min_size=1, max_size=30), st.integers(2, 120))
 def test_a_capped_replay_ends_the_request_where_the_engine_would(trace: list[int], n: int) -> None:
     """Meta-test of the replay: no capped draft runs past the tokens left, no round accepts
-    more than it drafted or than the golden round did, every round but the last is the
-    golden one, and the request never makes more than max_new_tokens."""
+    more than it drafted or than the golden round did, every round but the last accepts what
+    the golden one did (it may draft fewer: a round capped at c that accepts a < c emits the
+    golden round's tokens), and the request never makes more than max_new_tokens."""
     rounds = rounds_under_budget(trace, K, "capped", n)
     made = 1
     for i, (drafted, accepted) in enumerate(rounds):
         assert 1 <= drafted <= min(K, n - made - 1)
         assert accepted == min(trace[i], drafted)
         if i < len(rounds) - 1:
-            assert (drafted, accepted) == (K, trace[i])
+            assert accepted == trace[i]
         made += accepted + 1
     assert made <= n
     full = acceptance_from_traces([trace], K)
