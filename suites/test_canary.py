@@ -36,8 +36,11 @@ def test_canary_acceptance(engine: Engine, oracle: Oracle, draft_name: str, repo
              draft=draft_name, engine_name=engine.name, prompts=prompts)
     measured = gen.acceptance.mean_acceptance_length
     report.metric(draft_name, "canary_acceptance_length", round(measured, 4))
+    # the same-dtype reference counted as the engine counts (Engine.draft_budget); the fp32
+    # line is the bundle's, counted in full: a capped engine (llama.cpp) pays its shortened
+    # last drafts against it, ~2.5% on 36-token requests (measured), inside the line's margin
     own = in_reduced_precision(engine.options.dtype, lambda: same_dtype_acceptance(
-        oracle, draft_name, engine.options, prompts, new_tokens))
+        oracle, draft_name, engine.options, prompts, new_tokens, engine.draft_budget))
     if own is not None:
         report.metric(draft_name, "canary_same_dtype_reference", round(own, 4))
     line = canary_line(canary, own)
