@@ -184,3 +184,20 @@ def test_an_engine_run_on_the_qwen3_moe_bundle_reads_its_own_xfails() -> None:
     assert rules and not any("specforge-default" in r.pattern for r in rules)
     kinds = {r.reason.split("]")[0].lstrip("[") for r in rules}
     assert kinds == {"ids_ignored", "engine_cannot_express"}, kinds
+
+
+def test_every_architecture_names_its_committed_bundle() -> None:
+    """The bundle a refused build is told to start from (`rebuild_hint`) is a pinned, committed
+    bundle of that very architecture."""
+    import json
+
+    from harness.golden.builder import rebuild_hint
+    from harness.golden.paths import committed_bundle_path
+    from harness.golden.pins import PINNED_MANIFESTS
+    from harness.models.target import ARCHITECTURES
+
+    for arch in ARCHITECTURES.values():
+        assert arch.bundle in PINNED_MANIFESTS, arch.name
+        manifest = json.loads((committed_bundle_path(arch.bundle) / "manifest.json").read_text())
+        assert manifest["target"]["architecture"] == arch.model_class.__name__, arch.name
+        assert f"--target-from golden/{arch.bundle}/target" in rebuild_hint(arch.name)

@@ -136,6 +136,10 @@ class DecodeInputs:
     feeds: list[list[DraftFeed]]
 
 
+# Engine.draft_budget's values (what each means: beside the attribute)
+DRAFT_BUDGETS = ("full", "capped")
+
+
 class Engine(abc.ABC):
     """One engine. Subclasses declare `name` and `capabilities` and implement what they can."""
 
@@ -164,7 +168,7 @@ class Engine(abc.ABC):
     # Both are correct; the golden trace is replayed under the engine's rule before its mean
     # acceptance is compared (harness.judgement.acceptance.acceptance_from_traces), since on
     # 36-token requests capping alone lowers the mean by ~2.5% (measured on llama.cpp).
-    draft_budget: ClassVar[str] = "full"
+    draft_budget: ClassVar[str] = "full"  # one of DRAFT_BUDGETS
 
     def __init__(self, target_dir: Path, draft_dir: Path, options: EngineOptions) -> None:
         self.target_dir = Path(target_dir)

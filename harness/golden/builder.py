@@ -150,16 +150,11 @@ def target_problem(accuracy: float, final_loss: float, bigram: float) -> str | N
     return None
 
 
-# The committed bundle of each architecture: the one whose target a rebuild can start from
-# (`--target-from golden/<name>/target`) when training on this machine does not give a usable one.
-COMMITTED_BUNDLE = {"deepseek-v3": "tiny-dsv3", "qwen3-moe": "tiny-qwen3moe"}
-
-
 def rebuild_hint(arch: str = DEFAULT_ARCHITECTURE) -> str:
     """The ways out of a refused build, naming the committed target of the build's own
     architecture (a Qwen3-MoE build told to start from the DeepSeek target would be refused)."""
     return (f"rebuild the drafts on the committed target with --target-from "
-            f"golden/{COMMITTED_BUNDLE[arch]}/target, or search more seeds with --tries")
+            f"golden/{architecture(arch).bundle}/target, or search more seeds with --tries")
 
 
 def no_usable_target(attempts: Sequence[tuple[str, str]], arch: str = DEFAULT_ARCHITECTURE) -> str:
@@ -214,8 +209,9 @@ def _bar_problem(values: dict[str, float], bar: float, need: int, num_drafts: in
     if len(weak) <= num_drafts - need:
         return None
     shown = ", ".join(f"{d} {v:{fmt}}" for d, v in weak.items())
+    hint = rebuild_hint(arch)
     return (f"{what} {shown}, under the {bar:{fmt}} that at least {need} of {num_drafts} drafts "
-            f"must reach, so {why}. {rebuild_hint(arch)[0].upper()}{rebuild_hint(arch)[1:]}")
+            f"must reach, so {why}. {hint[0].upper()}{hint[1:]}")
 
 
 def shift_problem(costs: dict[str, float], num_drafts: int,

@@ -20,7 +20,7 @@ def _root() -> Path:
 
 
 def default_bundle_path() -> Path:
-    return _root() / "golden" / DEFAULT_BUNDLE_NAME
+    return committed_bundle_path(DEFAULT_BUNDLE_NAME)
 
 
 def committed_bundle_path(name: str) -> Path:

@@ -14,7 +14,14 @@ import torch
 from harness.core.tolerances import tolerance_for
 from harness.diagnosis.draft_side import fc_diagnosis
 from harness.diagnosis.record import Diagnosis
-from harness.engines.base import Acceptance, Capability, Engine, EngineOptions, Generation
+from harness.engines.base import (
+    DRAFT_BUDGETS,
+    Acceptance,
+    Capability,
+    Engine,
+    EngineOptions,
+    Generation,
+)
 from harness.golden.oracle import Oracle
 from harness.judgement import precision
 from harness.judgement.assertions import (
@@ -26,8 +33,6 @@ from harness.judgement.assertions import (
 )
 from harness.judgement.precision import trace_allowance
 from harness.judgement.verdict import Judgement
-
-DRAFT_BUDGETS = ("full", "capped")  # Engine.draft_budget's values
 
 
 def rounds_under_budget(trace: Sequence[int], k: int, budget: str = "full",

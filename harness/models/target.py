@@ -144,6 +144,9 @@ class TargetArchitecture:
     router: RouterRule
     config_dict: Callable[[int, int], dict[str, Any]]
     description: str
+    # the committed bundle built on it (golden/<bundle>): the target a rebuild that cannot
+    # train a usable one here starts from (`golden build --target-from golden/<bundle>/target`)
+    bundle: str
 
     def is_router(self, module: object) -> bool:
         """Whether `module` is this architecture's MoE router (a dense layer has none)."""
@@ -243,7 +246,8 @@ ARCHITECTURES: dict[str, TargetArchitecture] = {
         router=RouterRule(scores=_deepseek_scores, choose=grouped_topk, margin=routing_margin),
         config_dict=target_config_dict,
         description="tiny DeepSeek-V3 (MLA + MoE) target on a synthetic language and EAGLE-3 "
-                    "drafts trained with TTT in SpecForge's layout"),
+                    "drafts trained with TTT in SpecForge's layout",
+        bundle="tiny-dsv3"),
     "qwen3-moe": TargetArchitecture(
         name="qwen3-moe", model_type="qwen3_moe", config_class=Qwen3MoeConfig,
         model_class=Qwen3MoeForCausalLM, router_class_name="Qwen3MoeTopKRouter",
@@ -251,7 +255,8 @@ ARCHITECTURES: dict[str, TargetArchitecture] = {
         config_dict=qwen3_moe_config_dict,
         description="tiny Qwen3-MoE (GQA with q/k norms + softmax top-2 MoE) target on a "
                     "synthetic language and EAGLE-3 drafts trained with TTT in SpecForge's "
-                    "layout"),
+                    "layout",
+        bundle="tiny-qwen3moe"),
 }
 DEFAULT_ARCHITECTURE = "deepseek-v3"
 

@@ -31,13 +31,12 @@ def is_committed(bundle: Bundle) -> bool:
     """The bundle is a committed golden/<name> of this checkout (by location, links resolved):
     the default one, or another pinned one beside it (golden/tiny-qwen3moe, issue #37), whose
     pin is then checked on every run like the default's."""
-    from harness.golden.paths import default_bundle_path
+    from harness.golden.paths import committed_bundle_path, default_bundle_path
 
     try:
         here = bundle.path.resolve()
-        default = default_bundle_path().resolve()
-        return here == default or (bundle.name in PINNED_MANIFESTS
-                                    and here == (default.parent / bundle.name).resolve())
+        return here == default_bundle_path().resolve() or (
+            bundle.name in PINNED_MANIFESTS and here == committed_bundle_path(bundle.name).resolve())
     except (OSError, RuntimeError):  # a loop: load_bundle has refused it already
         return False
 

@@ -47,7 +47,7 @@ from __future__ import annotations
 import itertools
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -186,6 +186,17 @@ def student_t_quantile(p: float, df: int) -> float:
     return (lo + hi) / 2.0
 
 
+def _same_length_batches(seqs: Sequence[Sequence[int]], which: Iterable[int]) -> Iterator[list[int]]:
+    """The indices `which` of `seqs`, grouped by sequence length (shortest first) and cut into
+    batches of at most `BATCH`: rows of one length need no padding, so a batch computes each
+    row as it would alone."""
+    which = list(which)
+    for length in sorted({len(seqs[i]) for i in which}):
+        group = [i for i in which if len(seqs[i]) == length]
+        for start in range(0, len(group), BATCH):
+            yield group[start:start + BATCH]
+
+
 def greedy_prompts(target: torch.nn.Module, seeds: Sequence[Sequence[int]],
                    new_tokens: int) -> list[list[int]]:
     """Each seed continued greedily by the target: text the target itself would produce,
@@ -196,16 +207,13 @@ def greedy_prompts(target: torch.nn.Module, seeds: Sequence[Sequence[int]],
     out: list[list[int]] = [[] for _ in seeds]
     device = next(target.parameters()).device
     with torch.no_grad():
-        for length in sorted({len(s) for s in seeds}):
-            group = [i for i, s in enumerate(seeds) if len(s) == length]
-            for start in range(0, len(group), BATCH):
-                rows = group[start:start + BATCH]
-                ids = torch.tensor([list(seeds[i]) for i in rows], dtype=torch.long, device=device)
-                for _ in range(new_tokens):
-                    nxt = target(input_ids=ids, use_cache=False).logits[:, -1].argmax(-1)
-                    ids = torch.cat([ids, nxt[:, None]], dim=1)
-                for row, i in enumerate(rows):
-                    out[i] = ids[row].tolist()
+        for rows in _same_length_batches(seeds, range(len(seeds))):
+            ids = torch.tensor([list(seeds[i]) for i in rows], dtype=torch.long, device=device)
+            for _ in range(new_tokens):
+                nxt = target(input_ids=ids, use_cache=False).logits[:, -1].argmax(-1)
+                ids = torch.cat([ids, nxt[:, None]], dim=1)
+            for row, i in enumerate(rows):
+                out[i] = ids[row].tolist()
     return out
 
 
@@ -296,14 +304,11 @@ class BlockScores:
         todo = list(range(len(have), len(self.prompts)))
         done: dict[int, torch.Tensor] = {}
         with torch.no_grad():
-            for length in sorted({len(self.prompts[i]) for i in todo}):
-                group = [i for i in todo if len(self.prompts[i]) == length]
-                for start in range(0, len(group), BATCH):
-                    rows = group[start:start + BATCH]
-                    scored = _hits(self.draft, [self.prompts[i] for i in rows],
-                                   [self.features[i] for i in rows], tuple(boundaries),
-                                   self.score_from, self.steps)
-                    done.update(zip(rows, scored, strict=True))
+            for rows in _same_length_batches(self.prompts, todo):
+                scored = _hits(self.draft, [self.prompts[i] for i in rows],
+                               [self.features[i] for i in rows], tuple(boundaries),
+                               self.score_from, self.steps)
+                done.update(zip(rows, scored, strict=True))
         have.extend(done[i] for i in todo)
         return have
 
