@@ -151,3 +151,49 @@ def test_the_width_rule(fed: int, fc: int, stages: tuple[int, ...] | None, kind:
     diag = placement_diagnosis(fed, fc, HIDDEN, source="the adapter reported",
                                training_boundaries=[2, 4, 5], pipeline_stages=stages)
     assert (diag.kind if diag else None) == kind
+
+
+def _fc_width_error(fed_width: int, fc_width: int) -> str:
+    """The error torch itself raises where fc (fc_width -> H) is fed fed_width columns."""
+    fc = torch.nn.Linear(fc_width, HIDDEN, bias=False)
+    with pytest.raises(RuntimeError) as err:
+        fc(torch.zeros(4, fed_width))
+    return str(err.value)
+
+
+@pytest.mark.parametrize(("ids", "fed", "world"), [
+    ([3, 0], 128, 2),           # zoo:capture_shard on a drawn two-id list (H100, bf16 selftest)
+    ([1, 2, 3, 4], 256, 2),     # 4 slots of H/2 = 2 whole slots
+])
+def test_a_shard_that_is_also_whole_slots_is_ambiguous(ids: list[int], fed: int, world: int) -> None:
+    """The width 2 x H/2 is also one whole slot of two: missing slots and a tensor-parallel
+    shard fit it alike, so the crash's diagnosis says ambiguous, names capture_shard as the
+    rival and what separates them, and claims nothing about the embedding (no id is negative).
+    Before, it said "some ids match no captured layer ... Training fed the embedding output
+    there" as a decided cause: the one wrong name of the GPU bf16 self-test at 4cf94bc."""
+    diag = crash_diagnosis(_fc_width_error(fed, len(ids) * HIDDEN), ids, HIDDEN)
+    assert diag.kind == "engine_crash" and diag.message.startswith("ambiguous"), diag.message
+    assert diag.details["ambiguous_with"] == "capture_shard" and diag.details["world_size"] == world
+    assert diag.details["confidence_margin"] == 1.0
+    assert "per-slot width" in diag.message and "embedding" not in diag.message
+
+
+def test_missing_slots_no_shard_fits_are_decided_and_claim_no_embedding() -> None:
+    """2 of 3 whole slots: no shard of H gives 256 of 384 (W = 1.5), so the crash's own cause
+    stands, decided, and without a claim about what training fed the missing slot."""
+    diag = crash_diagnosis(_fc_width_error(256, 384), [1, 3, 4], HIDDEN)
+    assert diag.kind == "engine_crash" and "ambiguous_with" not in diag.details, diag.message
+    assert "some ids match no captured layer" in diag.message and "embedding" not in diag.message
+
+
+def test_the_ambiguity_is_settled_by_a_decisive_shard_of_the_same_verdict() -> None:
+    """The observed-convention check serves several lists: a three-id list's shard (192 of 384,
+    no whole number of slots) names capture_shard decisively, which settles the two-id list's
+    ambiguity (harness.diagnosis.compare.settled); alone, the ambiguity stays."""
+    from harness.diagnosis.compare import settled
+
+    decisive = crash_diagnosis(_fc_width_error(192, 384), [1, 5, 3], HIDDEN)
+    ambiguous = crash_diagnosis(_fc_width_error(128, 256), [3, 0], HIDDEN)
+    assert decisive.kind == "capture_shard"
+    assert [d.kind for d in settled([decisive, ambiguous])] == ["capture_shard"]
+    assert settled([ambiguous]) == [ambiguous]

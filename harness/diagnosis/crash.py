@@ -84,6 +84,53 @@ def _embedding_ids(engine_convention: str | Convention | None, training_boundari
         return None
 
 
+def _shard_world(widths: tuple[int, int] | None, hidden: int) -> int | None:
+    """The tensor-parallel world size W >= 2 for which the fed width is every one of fc's slots
+    cut to its 1/W shard (fed x W = fc's width, W dividing the hidden size), else None."""
+    if not widths or widths[0] <= 0 or widths[1] % widths[0]:
+        return None
+    world = widths[1] // widths[0]
+    return world if world >= 2 and hidden % world == 0 else None
+
+
+def _fed_text(fed: int | None) -> str:
+    return f"{fed} aux states" if fed is not None else "a width that is not a whole number of its slots"
+
+
+def _slots_missing(fed: int | None, want: int, first: str, widths: tuple[int, int] | None,
+                   hidden: int, training_boundaries: Sequence[int] | None) -> Diagnosis:
+    """Fewer whole slots than fc takes, no id of the config negative: some ids matched no
+    captured layer, which ones the crash does not say. Where the same width is also every slot
+    cut to a tensor-parallel shard (2 slots of H/2 = 1 slot of H: zoo:capture_shard on a
+    two-id draft), the width cannot tell the two apart (harness.diagnosis.placement names
+    capture_shard only where no whole number of slots fits): the diagnosis says so, with what
+    separates them, and a decisive capture_shard of another list of the same verdict settles
+    it (harness.diagnosis.compare.settled)."""
+    fed_text = _fed_text(fed)
+    details: dict = {"fed_slots": fed, "fc_slots": want}
+    world = _shard_world(widths, hidden)
+    if world is None:
+        return Diagnosis(kind="engine_crash", message=(
+            f"the engine fed fc {fed_text} where the draft's fc takes {want} (some ids match no "
+            f"captured layer; the crash does not say which) and crashed: {first}."),
+            engine_boundaries=[], training_boundaries=[], suggested_layer_ids=None, details=details)
+    assert widths is not None  # _shard_world needs them
+    part = hidden // world
+    return Diagnosis(kind="engine_crash", message=(
+        f"ambiguous: the engine fed fc {widths[0]} columns where the draft's fc takes {widths[1]} "
+        f"= {want} x {hidden}, and crashed: {first}. That width fits two causes the crash cannot "
+        f"separate: {fed_text} of its {want} (some ids match no captured layer), or all {want} "
+        f"slots at {part} columns each, one tensor-parallel rank's shard (world size {world}) "
+        f"handed over without its all-gather (capture_shard). What separates them: the per-slot "
+        f"width of the capture itself ({hidden} columns a whole slot, {part} a shard), or a "
+        f"draft whose slot count is not a multiple of {world}, whose shard is no whole number of "
+        f"slots. Confidence margin: 1.0 (the width fits both)."),
+        engine_boundaries=[], training_boundaries=list(training_boundaries or []),
+        suggested_layer_ids=None,
+        details={**details, "ambiguous_with": "capture_shard", "world_size": world,
+                 "confidence_margin": 1.0})
+
+
 def crash_diagnosis(message: str, config_ids: Sequence[int], target_hidden: int, *,
                     engine_convention: str | Convention | None = None,
                     training_boundaries: Sequence[int] | None = None,
@@ -120,17 +167,17 @@ def crash_diagnosis(message: str, config_ids: Sequence[int], target_hidden: int,
         want = int(v.group(1)) // target_hidden  # fed: some other number of slots
     dropped = [i for i in config_ids if i < 0]
     if want is not None and (fed is None and dropped or fed is not None and fed < want):
-        kind = "embedding_missing" if dropped else "engine_crash"
-        why = (f"ids {dropped} match no layer in this engine, so their slots are dropped"
-               if dropped else "some ids match no captured layer")
-        fix = _embedding_ids(engine_convention, training_boundaries, num_layers) if dropped else None
+        if not dropped:
+            return _slots_missing(fed, want, first, widths, target_hidden, training_boundaries)
+        fed_text = _fed_text(fed)
+        fix = _embedding_ids(engine_convention, training_boundaries, num_layers)
         remedy = (f"this engine's rule ({get_convention(engine_convention).name}) captures it "
                   f"with ids {list(fix)}: set the draft's ids to {list(fix)} for this engine"
                   if fix is not None else "this engine cannot express it with these ids")
-        fed_text = f"{fed} aux states" if fed is not None else "a width that is not a whole number of its slots"
-        return Diagnosis(kind=kind, message=(
-            f"the engine fed fc {fed_text} where the draft's fc takes {want} ({why}) and "
-            f"crashed: {first}. Training fed the embedding output there; {remedy}."),
+        return Diagnosis(kind="embedding_missing", message=(
+            f"the engine fed fc {fed_text} where the draft's fc takes {want} (ids {dropped} match "
+            f"no layer in this engine, so their slots are dropped) and crashed: {first}. Training "
+            f"fed the embedding output there; {remedy}."),
             engine_boundaries=[], training_boundaries=list(training_boundaries or []),
             suggested_layer_ids=list(fix) if fix is not None else None,
             details={"fed_slots": fed, "fc_slots": want})

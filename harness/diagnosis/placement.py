@@ -9,7 +9,8 @@ Two faults, each a width no single-process wiring bug produces:
   `gather_output`) handed over without the all-gather. Named only where the fed width is
   exactly n * H / W for an integer W >= 2 and is NOT a whole number of H-wide slots: a whole
   number of slots is what missing or extra slots leave, and the two are then not told apart by
-  width (the diagnosis stays the crash's own).
+  width (the diagnosis stays the crash's own, worded ambiguous with capture_shard:
+  harness.diagnosis.crash).
 - `capture_missing_rank`: the slots of the boundaries computed on a pipeline stage before the
   last are missing: SGLang returns from `set_eagle3_layers_to_capture` on every pipeline rank
   but the last, and vLLM's models return `IntermediateTensors` without the aux states there
