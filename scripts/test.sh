@@ -65,12 +65,12 @@ fi
 if [ -n "$build_pid" ]; then
     build_status=0
     wait "$build_pid" || build_status=$?
-    tail -n 3 "$build_log"
     if [ "$build_status" != 0 ]; then
         cat "$build_log" >&2
         echo "scripts/build_llamacpp.sh failed (exit $build_status): its log is above" >&2
         exit "$build_status"
     fi
+    tail -n 3 "$build_log"
 fi
 # Unit tests apart from the suites: an adapter's own tests use the suite fixtures and would
 # otherwise be recorded as checks of the reference engine. Two xdist workers, one per core
