@@ -10,7 +10,7 @@ import re
 from collections.abc import Sequence
 
 from harness.core.boundaries import Convention, LayerIdError, boundaries_to_ids, get_convention
-from harness.diagnosis.placement import placement_diagnosis
+from harness.diagnosis.placement import placement_diagnosis, shard_world
 from harness.diagnosis.record import Diagnosis
 
 _SHAPES = re.compile(r"mat1 and mat2 shapes cannot be multiplied \((\d+)x(\d+) and (\d+)x(\d+)\)")
@@ -84,15 +84,6 @@ def _embedding_ids(engine_convention: str | Convention | None, training_boundari
         return None
 
 
-def _shard_world(widths: tuple[int, int] | None, hidden: int) -> int | None:
-    """The tensor-parallel world size W >= 2 for which the fed width is every one of fc's slots
-    cut to its 1/W shard (fed x W = fc's width, W dividing the hidden size), else None."""
-    if not widths or widths[0] <= 0 or widths[1] % widths[0]:
-        return None
-    world = widths[1] // widths[0]
-    return world if world >= 2 and hidden % world == 0 else None
-
-
 def _fed_text(fed: int | None) -> str:
     return f"{fed} aux states" if fed is not None else "a width that is not a whole number of its slots"
 
@@ -108,13 +99,13 @@ def _slots_missing(fed: int | None, want: int, first: str, widths: tuple[int, in
     it (harness.diagnosis.compare.settled)."""
     fed_text = _fed_text(fed)
     details: dict = {"fed_slots": fed, "fc_slots": want}
-    world = _shard_world(widths, hidden)
+    world = shard_world(widths[0], widths[1], hidden) if widths else None
     if world is None:
         return Diagnosis(kind="engine_crash", message=(
             f"the engine fed fc {fed_text} where the draft's fc takes {want} (some ids match no "
             f"captured layer; the crash does not say which) and crashed: {first}."),
             engine_boundaries=[], training_boundaries=[], suggested_layer_ids=None, details=details)
-    assert widths is not None  # _shard_world needs them
+    assert widths is not None  # a shard is read off the widths
     part = hidden // world
     return Diagnosis(kind="engine_crash", message=(
         f"ambiguous: the engine fed fc {widths[0]} columns where the draft's fc takes {widths[1]} "

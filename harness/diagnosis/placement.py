@@ -41,6 +41,16 @@ def last_stage_boundaries(training_boundaries: Sequence[int],
             [int(b) for b in training_boundaries if b < last])
 
 
+def shard_world(fed_width: int, fc_width: int, hidden: int) -> int | None:
+    """The tensor-parallel world size W >= 2 for which `fed_width` is every one of fc's slots cut
+    to its 1/W shard (fed x W = fc's width, W dividing the hidden size), else None. Whether the
+    width is also a whole number of slots, which makes it ambiguous, is the caller's question."""
+    if fed_width <= 0 or fc_width % fed_width:
+        return None
+    world = fc_width // fed_width
+    return world if world >= 2 and hidden % world == 0 else None
+
+
 def _diagnosis(kind: str, message: str, training_boundaries: Sequence[int] | None,
                details: dict) -> Diagnosis:
     return Diagnosis(kind=kind, message=message, engine_boundaries=[],
@@ -83,16 +93,14 @@ def placement_diagnosis(fed_width: int, fc_width: int, hidden: int, *, source: s
                 training_boundaries, {**widths, "last_stage_boundaries": kept,
                                       "missing_boundaries": missing,
                                       "pipeline_stages": list(pipeline_stages)})
-    if fed_width % hidden and fc_width % fed_width == 0:
-        world = fc_width // fed_width
-        if hidden % world == 0:
-            return _diagnosis("capture_shard", (
-                f"root cause: capture_shard — {source} {fed_width} columns where the draft's fc takes "
-                f"{fc_width} = {slots} x {hidden}: {slots} slot{'s' * (slots != 1)} of {hidden // world} columns, 1/{world} "
-                f"of the hidden size each, no whole number of slots. That is one tensor-parallel rank's "
-                f"shard of the residual stream (world size {world}) handed over without its all-gather. "
-                "Fix (engine vendor): capture the gathered state (all-gather across the "
-                "tensor-parallel group, or capture where the residual stream is replicated, after the "
-                "row-parallel all-reduce). Confidence margin: exact (the width divides only as shards)."),
-                training_boundaries, {**widths, "world_size": world})
+    if fed_width % hidden and (world := shard_world(fed_width, fc_width, hidden)) is not None:
+        return _diagnosis("capture_shard", (
+            f"root cause: capture_shard — {source} {fed_width} columns where the draft's fc takes "
+            f"{fc_width} = {slots} x {hidden}: {slots} slot{'s' * (slots != 1)} of {hidden // world} columns, 1/{world} "
+            f"of the hidden size each, no whole number of slots. That is one tensor-parallel rank's "
+            f"shard of the residual stream (world size {world}) handed over without its all-gather. "
+            "Fix (engine vendor): capture the gathered state (all-gather across the "
+            "tensor-parallel group, or capture where the residual stream is replicated, after the "
+            "row-parallel all-reduce). Confidence margin: exact (the width divides only as shards)."),
+            training_boundaries, {**widths, "world_size": world})
     return None
