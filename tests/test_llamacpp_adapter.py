@@ -181,3 +181,17 @@ def test_a_draft_without_three_ids_is_refused_as_llamacpp_refuses_it(built: dict
     d = crash_diagnosis(str(err.value), [0, 2], HIDDEN)
     assert d.kind == "engine_cannot_express" and d.suggested_layer_ids is None
     assert "takes exactly 3 aux layers and this draft has 2" in d.message
+
+
+@pytest.mark.parametrize("omp, threads", [(None, 1), ("3", 3), (" 2 ", 2), ("0", 1), ("all", 1)])
+def test_llamacpp_computes_on_one_thread_unless_told(monkeypatch, omp: str | None, threads: int) -> None:
+    """libllama's contexts and llama-server take `cpu_threads()`: one thread on the suite's tiny
+    bundles (faster than two there, and llama.cpp's threads spin while they wait, which costs
+    the other work on a shared machine), OMP_NUM_THREADS where the user sets it to a count."""
+    from harness.engines._llamacpp_lib import cpu_threads
+
+    if omp is None:
+        monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    else:
+        monkeypatch.setenv("OMP_NUM_THREADS", omp)
+    assert cpu_threads() == threads

@@ -44,6 +44,18 @@ __all__ = ["GGML_TYPES", "LlamaError", "LlamaLib"]
 GGML_TYPES = {"f32": 0, "f16": 1, "bf16": 30}
 
 
+def cpu_threads() -> int:
+    """Threads for llama.cpp's CPU compute, in libllama's contexts and in llama-server alike:
+    OMP_NUM_THREADS where it is set, else one. The suite's bundles are tiny, and one thread is
+    what their torch runs use too (suites/conftest.py). Measured on the idle 2-core machine,
+    the suite on tiny-qwen3moe with its conversions cached: 53 s of wall and 50 s of CPU with
+    one thread, 71 s and 73 s with two. And llama.cpp's threads spin while they wait, so two
+    of them beside other work lose more: vLLM's suite run beside the two llama.cpp runs took
+    535 s, against 531 s one after the other. Set OMP_NUM_THREADS for a bigger model."""
+    value = os.environ.get("OMP_NUM_THREADS", "").strip()
+    return int(value) if value.isdigit() and int(value) > 0 else 1
+
+
 class LlamaError(RuntimeError):
     """libllama refused something without aborting (a file it cannot load, a decode error)."""
 
@@ -223,8 +235,7 @@ class LlamaLib:
         params = self._lib.llama_context_default_params()
         params.n_ctx = max(n_ctx, longest)
         params.n_batch = params.n_ubatch = max(longest, 1)
-        threads = max(1, min(4, os.cpu_count() or 1))
-        params.n_threads = params.n_threads_batch = threads
+        params.n_threads = params.n_threads_batch = cpu_threads()
         params.type_k = params.type_v = GGML_TYPES[cache_type]
         if flash_attn is not None:  # llama.h LLAMA_FLASH_ATTN_TYPE_ENABLED / _DISABLED
             params.flash_attn_type = 1 if flash_attn else 0

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from harness.engines import _worker
+from harness.engines._llamacpp_lib import cpu_threads
 
 __all__ = ["WorkerHandle", "serve"]
 
@@ -51,10 +52,6 @@ def _die_with_parent() -> None:
     import signal
 
     ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, int(signal.SIGTERM))  # PR_SET_PDEATHSIG
-
-
-def _threads() -> int:
-    return max(1, min(4, os.cpu_count() or 1))
 
 
 class _Server:
@@ -150,7 +147,7 @@ class _Server:
             self.port = int(s.getsockname()[1])
         spec = self.spec
         cmd = [spec["llama_server"], "-m", spec["target_gguf"], "--host", "127.0.0.1",
-               "--port", str(self.port), "-c", str(spec["n_ctx"]), "-np", "1", "-t", str(_threads()),
+               "--port", str(self.port), "-c", str(spec["n_ctx"]), "-np", "1", "-t", str(cpu_threads()),
                "--metrics", "--no-webui", "-ngl", "0",
                # the KV cache in the served dtype (llama.cpp's default is f16 whatever the weights)
                "-ctk", spec["outtype"], "-ctv", spec["outtype"]]
