@@ -15,7 +15,7 @@ unset PYTHONDONTWRITEBYTECODE
 # started first and runs while pip installs (downloads, mostly waiting on the network), and is
 # waited for before the tests: issue #34 item 6. What it adds to a run, measured on the 2-core
 # machine: the build ~5 min of both cores once (nothing where .llamacpp/ is kept), the
-# adapter's tests in `tests` below ~2 min and the two llama.cpp suite runs ~3.5 min. Without
+# adapter's tests in `tests` below ~2 min and the two llama.cpp suite runs ~2 min. Without
 # cmake or a C++ compiler the build is left out, and those tests and checks skip with the reason.
 bash scripts/fetch_llamacpp.sh
 build_log="$(mktemp)"
@@ -82,16 +82,19 @@ fi
 # Work stealing: a worker that runs out of tests takes half of the other's queue, so the run
 # does not end on one worker finishing a row of slow tests while the other core idles.
 python -m pytest -n 2 --dist worksteal -q -rs --durations=40 tests
-# The two reference runs side by side, the other three one after the other (issue #34 item 6;
-# measured on the idle 2-core machine, docs/PERFORMANCE.md). A throughput gate times on a core
-# of its own (it skips under xdist and says so), so a run that has one shares the machine only
-# with a run that leaves it a core: the reference runs use one torch thread each (100 s of CPU
-# in 103 s) and take 115 s side by side against 180 s one after the other, their gates passed.
-# vLLM's run and the llama.cpp runs have no timing gate but gain nothing side by side: llama.cpp's
-# threads spin while they wait, and vLLM's run beside the two llama.cpp runs took 535 s against
-# 295 + 236 s apart. Each run of the pair writes its own log and report; both logs are printed
-# whole, in order, when both runs have ended, and the step fails with the first failing run's
-# status after both are printed.
+# The five suite runs: the two reference runs side by side, then vLLM's, then the two llama.cpp
+# runs side by side (issue #34 item 6; measured on the idle 2-core machine, docs/PERFORMANCE.md).
+# A throughput gate times on a core of its own (it skips under xdist and says so), so a run
+# that has one shares the machine only with a run that leaves it a core: the reference runs
+# use one torch thread each (100 s of CPU in 103 s) and take 115 s side by side against 180 s
+# one after the other, their gates passed. The llama.cpp runs have no timing gate (llama-server's
+# HTTP loop is not timed) and compute on one thread each (harness.engines._llamacpp_lib.
+# cpu_threads): 130 s side by side, conversions included, against 251 s one after the other
+# with two threads each. vLLM's run has no timing gate either (vLLM exposes no per-step costs)
+# but its workers take both cores in bursts: beside the llama.cpp runs (then on two threads)
+# it took 500 s against 295 s alone, so it runs alone. Each run of a pair writes its own log
+# and report; both logs are printed whole, in order, when both runs have ended, and the step
+# fails with the first failing run's status after both are printed.
 suite_logs="$(mktemp -d)"
 together() {  # two suite runs' arguments, one string each (no argument holds a space)
     local pids=() statuses=(0 0) i
@@ -118,5 +121,5 @@ together() {  # two suite runs' arguments, one string each (no argument holds a 
 together "--engine reference --report-dir reports/reference" \
     "--engine reference --bundle golden/tiny-qwen3moe --report-dir reports/reference-qwen3moe"
 python -m pytest -q -rs suites --engine vllm --report-dir reports/vllm
-python -m pytest -q -rs suites --engine llamacpp --report-dir reports/llamacpp
-python -m pytest -q -rs suites --engine llamacpp --bundle golden/tiny-qwen3moe --report-dir reports/llamacpp-qwen3moe
+together "--engine llamacpp --report-dir reports/llamacpp" \
+    "--engine llamacpp --bundle golden/tiny-qwen3moe --report-dir reports/llamacpp-qwen3moe"
