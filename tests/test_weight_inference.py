@@ -213,3 +213,49 @@ def test_greedy_prompts_side_by_side_equal_one_seed_at_a_time() -> None:
             alone.append(ids[0].tolist())
     assert batched == alone
     assert all(b[:len(s)] == s and len(b) == len(s) + 6 for b, s in zip(batched, seeds, strict=True))
+
+
+@pytest.mark.parametrize("first_anchor", [1, 23, 40, 54, 60])
+def test_scoring_only_the_scored_anchors_leaves_their_argmax_unchanged(in_language, first_anchor: int) -> None:
+    """Weight inference carries only the scored anchors past step 0 (ttt_forward's
+    first_anchor): for them every step's argmax must be the one the whole forward gives, as
+    training runs it (the same operations on fewer rows). Step 0 still covers every anchor; a
+    first anchor past the last one with a label leaves the later steps empty, never wrapped
+    around to the start; accuracies over anchors all kept are the whole forward's. 23 is the
+    doctor's (24-token prompts)."""
+    from harness.golden.features import aux_features
+    from harness.golden.training import ttt_forward
+
+    target, prompts, feats = in_language
+    draft = _load("specforge-default", target).eval()
+    tokens = torch.tensor(prompts[:6])
+    aux = torch.stack([aux_features(f, (2, 4, 5)) for f in feats[:6]])
+    labels = torch.stack([f.logits.argmax(-1) for f in feats[:6]])
+    scored = first_anchor + 7  # every step's scored anchors (t >= scored - j - 1) are kept
+    with torch.no_grad():
+        _, acc_whole, whole = ttt_forward(draft, tokens, aux, labels, score_from=scored)
+        _, acc_part, part = ttt_forward(draft, tokens, aux, labels, score_from=scored,
+                                        first_anchor=first_anchor)
+    assert str(acc_part) == str(acc_whole), "the accuracies read the kept anchors' own labels"
+    assert len(part) == len(whole)
+    assert torch.equal(part[0], whole[0]), "step 0 must cover every anchor"
+    for j in range(1, len(whole)):
+        kept = whole[j][:, first_anchor:]
+        assert part[j].shape == kept.shape, (j, part[j].shape, kept.shape)
+        assert torch.equal(part[j], kept), f"step {j}: {int((part[j] != kept).sum())} argmaxes differ"
+
+
+@pytest.mark.parametrize("score_from", [1, 24, 50])
+def test_block_scores_of_the_scored_anchors_are_those_of_the_whole_forward(in_language, score_from: int) -> None:
+    """The block scores weight inference computes on the scored anchors alone must be those of
+    the whole forward (score_from 0, every anchor carried through every step) from the first
+    scored anchor on: the same hits, steps aligned to the anchors they belong to."""
+    from harness.tools.weight_inference import _hits
+
+    target, prompts, feats = in_language
+    draft = _load("single-aux", target).eval()
+    with torch.no_grad():
+        scored = _hits(draft, prompts[:6], feats[:6], (4,), score_from, 7)
+        whole = _hits(draft, prompts[:6], feats[:6], (4,), 0, 7)
+    for row, (s, w) in enumerate(zip(scored, whole, strict=True)):
+        assert torch.equal(s, w[score_from - 1:]), f"prompt {row}: {s.tolist()} != {w[score_from - 1:].tolist()}"

@@ -206,6 +206,7 @@ def _features(target: torch.nn.Module, seqs: torch.Tensor,
 
 def ttt_forward(draft: Eagle3Draft, tokens: torch.Tensor, aux: torch.Tensor,
                 labels: torch.Tensor, steps: int = TTT_STEPS, score_from: int = 0,
+                first_anchor: int = 0,
                 ) -> tuple[torch.Tensor, list[float], list[torch.Tensor]]:
     """The training-time test: step j at position t reads token[t+j+1] and the step-(j-1)
     output (fc(aux) at step 0), sits at rotary position t+j, attends causally to step-0
@@ -216,6 +217,15 @@ def ttt_forward(draft: Eagle3Draft, tokens: torch.Tensor, aux: torch.Tensor,
     Accuracy counts only predicted tokens at index >= `score_from` (the generated part of a
     regenerated sequence, like SpecForge's response-only loss mask), so acc_k describes the
     greedy continuations that serving acceptance is measured on.
+
+    `first_anchor` > 0 is for scoring only (weight inference reads the blocks of anchors past a
+    prompt): after step 0, which every anchor's keys need, only anchors >= first_anchor are
+    carried on. A step-j output at anchor t reads step-0 keys at t' <= t and its own diagonal
+    keys at t alone, so the anchors kept are computed as with first_anchor = 0 (the same
+    operations on fewer rows); the loss, accuracies and step j >= 1's argmax then cover anchors
+    first_anchor.. only (preds[j][:, i] is anchor first_anchor + i; step 0 covers every
+    anchor). Steps 1..6 on the doctor's 24 + 32-token texts run on 33 rows instead of 56.
+    Training leaves it 0, and its operations are then exactly what they were.
     """
     b, length = tokens.shape
     layer = draft.midlayer
@@ -231,14 +241,18 @@ def ttt_forward(draft: Eagle3Draft, tokens: torch.Tensor, aux: torch.Tensor,
     total = torch.zeros((), device=tokens.device)
     accs: list[float] = []
     preds: list[torch.Tensor] = []
+    lo = 0  # the first anchor this step computes (rows lo.. of tokens' positions)
     for j in range(steps):
         valid = length - j - 1  # positions t with a label at t+j+1
         if valid <= 0:
             break
+        if j == 1 and first_anchor > 0:
+            lo = min(first_anchor, valid)
+            hidden = hidden[:, lo:]
         ids = torch.full_like(tokens, PAD)
         ids[:, :valid] = tokens[:, j + 1:j + 1 + valid]
-        x = layer.attention_input(draft.embed_tokens(ids), hidden)
-        q, k, v = attn.qkv(x, (base + j)[None].expand(b, -1))
+        x = layer.attention_input(draft.embed_tokens(ids[:, lo:]), hidden)
+        q, k, v = attn.qkv(x, (base[lo:] + j)[None].expand(b, -1))
         keys.append(k)
         values.append(v)
         rep = cfg.num_attention_heads // cfg.num_key_value_heads
@@ -246,7 +260,7 @@ def ttt_forward(draft: Eagle3Draft, tokens: torch.Tensor, aux: torch.Tensor,
         v0 = values[0].repeat_interleave(rep, 1)
         scale = 1.0 / math.sqrt(cfg.head_dim)
         s0 = (q @ k0.transpose(-1, -2)) * scale
-        s0 = s0.masked_fill(~causal, torch.finfo(s0.dtype).min)
+        s0 = s0.masked_fill(~causal[lo:], torch.finfo(s0.dtype).min)
         diag_k = [kk.repeat_interleave(rep, 1) for kk in keys[1:]]
         diag_v = [vv.repeat_interleave(rep, 1) for vv in values[1:]]
         sd = [((q * kk).sum(-1) * scale)[..., None] for kk in diag_k]
@@ -254,10 +268,10 @@ def ttt_forward(draft: Eagle3Draft, tokens: torch.Tensor, aux: torch.Tensor,
         out = probs[..., :length] @ v0
         for i, vv in enumerate(diag_v):
             out = out + probs[..., length + i:length + i + 1] * vv
-        out = attn.o_proj(out.transpose(1, 2).reshape(b, length, -1))
+        out = attn.o_proj(out.transpose(1, 2).reshape(b, length - lo, -1))
         hidden = layer.finish(hidden, out)
-        logits = draft.logits(hidden)[:, :valid]
-        target = labels[:, j + 1:j + 1 + valid]
+        logits = draft.logits(hidden)[:, :max(valid - lo, 0)]
+        target = labels[:, j + 1 + lo:j + 1 + valid]
         in_vocab = t2d[target]
         tgt = draft_index[target].clamp(min=0)
         ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tgt.reshape(-1), reduction="none")
@@ -265,7 +279,7 @@ def ttt_forward(draft: Eagle3Draft, tokens: torch.Tensor, aux: torch.Tensor,
         total = total + (TTT_DECAY ** j) * loss
         pred = logits.argmax(-1)
         preds.append(pred)
-        hit = ((pred == tgt) & in_vocab)[:, max(0, score_from - j - 1):]
+        hit = ((pred == tgt) & in_vocab)[:, max(0, score_from - j - 1 - lo):]
         accs.append(float(hit.float().mean()) if hit.numel() else float("nan"))
     return total, accs, preds
 

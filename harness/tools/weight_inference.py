@@ -246,22 +246,29 @@ def _hits(draft: Eagle3Draft, prompts: Sequence[Sequence[int]], feats: Sequence[
     labels = torch.stack([f.logits.argmax(-1) for f in feats])  # features on the CPU
     device = draft.embed_tokens.weight.device
     aux = torch.stack([aux_features(f, boundaries) for f in feats])
+    # only the scored anchors are carried past step 0 (ttt_forward's first_anchor): the same
+    # argmaxes for them, on 33 rows instead of 56 for the doctor's 24 + 32-token texts
     _, _, preds = ttt_forward(draft, torch.tensor([list(p) for p in prompts], device=device),
                               aux.to(device, draft.embed_tokens.weight.dtype), labels.to(device),
-                              steps=steps)
-    return [_block_scores([draft.to_target_ids(pred[row]).cpu() == labels[row, 1 + j:1 + j + pred.shape[1]]
+                              steps=steps, first_anchor=max(0, score_from - 1))
+    anchors = labels.shape[1] - 1  # those with a label: step 0 covers them all
+    return [_block_scores([draft.to_target_ids(pred[row]).cpu()
+                           == labels[row, 1 + anchors - pred.shape[1]:1 + anchors]
                            for j, pred in enumerate(preds)], score_from)
             for row in range(len(prompts))]
 
 
 def _block_scores(step_hits: Sequence[torch.Tensor], score_from: int) -> torch.Tensor:
-    """Per scored anchor t, the mean over steps of `step_hits[j][t]`; step j's vector covers
-    anchors 0..valid_j-1 (those with a token at t+j+1), and step 0 covers every anchor."""
-    hits = torch.zeros(step_hits[0].numel())
-    counts = torch.zeros(step_hits[0].numel())
-    for hit in step_hits:
-        hits[:hit.numel()] += hit.float()
-        counts[:hit.numel()] += 1
+    """Per scored anchor t, the mean over steps of `step_hits[j][t]`. Step 0's vector covers
+    every anchor (0..A-1, those with a next token); step j's ends at anchor A-1-j (the last
+    with a token at t+j+1) and may start later than anchor 0 (the scored anchors only)."""
+    anchors = step_hits[0].numel()
+    hits = torch.zeros(anchors)
+    counts = torch.zeros(anchors)
+    for j, hit in enumerate(step_hits):
+        first = anchors - j - hit.numel()
+        hits[first:anchors - j] += hit.float()
+        counts[first:anchors - j] += 1
     return (hits / counts)[max(0, score_from - 1):]
 
 
