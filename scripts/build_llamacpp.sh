@@ -44,22 +44,27 @@ configure() {  # extra cmake arguments
         >"$build.cmake.log" 2>&1 || { cat "$build.cmake.log" >&2; exit 1; }
 }
 start=$(date +%s)
+unity_built=false
 cmake_version="$(cmake --version | head -n 1 | awk '{print $3}')"
 if [ "$(printf '%s\n' 3.19 "$cmake_version" | sort -V | head -n 1)" != 3.19 ]; then
     echo "CMake $cmake_version is older than 3.19: llama.cpp is built file by file (slower)" >&2
-    configure
-    cmake --build "$build" --target llama llama-server -j "$jobs"
 else
     configure -DCMAKE_UNITY_BUILD=ON "-DCMAKE_PROJECT_INCLUDE=$PWD/scripts/llamacpp_unity.cmake"
-    if ! cmake --build "$build" --target llama llama-server -j "$jobs" >"$build.unity.log" 2>&1; then
+    if cmake --build "$build" --target llama llama-server -j "$jobs" >"$build.unity.log" 2>&1; then
+        unity_built=true
+        tail -n 2 "$build.unity.log"
+    else
         tail -n 20 "$build.unity.log" >&2
         echo "llama.cpp $version does not build as a unity build (its log: $build.unity.log, the end above): building file by file" >&2
-        rm -rf "$build"
-        configure
-        cmake --build "$build" --target llama llama-server -j "$jobs"
-    else
-        tail -n 2 "$build.unity.log"
+        # CMake's own folders only (cache, objects, unity sources): $build may be a folder the
+        # user named (EAGLE3_LLAMACPP_BUILD), whose other files stay
+        rm -f "$build/CMakeCache.txt"
+        find "$build" -type d -name CMakeFiles -prune -exec rm -rf {} +
     fi
+fi
+if [ "$unity_built" = false ]; then
+    configure
+    cmake --build "$build" --target llama llama-server -j "$jobs"
 fi
 test -f "$lib" || lib_found=$(find "$build" -name 'libllama.so' | head -1)
 if [ ! -f "$lib" ]; then
