@@ -501,7 +501,6 @@ def test_bf16_fix_is_verified_at_the_noise_floor(tmp_path: Path, capsys) -> None
     assert doc["fix_verified"] and "fix verified: ids [1, 3, 4]" in text, text
 
 
-@pytest.mark.slow(reason="a whole doctor run: weight inference over generated texts and an engine served and re-served (10-80 s)")
 @pytest.mark.engine
 @pytest.mark.slow(reason="a whole doctor run: weight inference over generated texts and an engine served and re-served (10-80 s)")
 def test_doctor_on_real_vllm_names_the_offset_and_verifies_the_fix(tmp_path: Path, capsys) -> None:
