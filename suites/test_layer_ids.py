@@ -132,6 +132,9 @@ class ServedDrafts:
         self.engine_class, self.options, self.factory = engine_class, options, factory
         self.oracle, self.report = oracle, report
         self.num_layers = oracle.bundle.num_layers
+        # the engine's rule for this target (vLLM's depends on the architecture), or None
+        # where it honours the training convention it is told
+        self.engine_convention = engine_class.convention_for_target(oracle.bundle.target_dir)
         self._crashes: dict[tuple, tuple[str, list]] = {}
         self._captures: dict[tuple, Capture] = {}
         self._live: tuple[tuple, Engine] | None = None
@@ -157,7 +160,7 @@ class ServedDrafts:
 
     def told_key(self, told: str | None) -> str | None:
         """Only an engine that honours training reads the convention it is told."""
-        return told if self.engine_class.convention is None else None
+        return told if self.engine_convention is None else None
 
     def _engine(self, key: tuple) -> Engine:
         if self._live is not None and self._live[0] == key:
@@ -275,7 +278,7 @@ class ServedDrafts:
             ctx = CaptureContext(
                 training_boundaries=list(trained), config_ids=ids, dtype=self.options.dtype,
                 engine_name=self.engine_class.name, draft=f"ids {list(ids)} ({layout})", check=check,
-                engine_convention=self.engine_class.convention, more_evidence=context,
+                engine_convention=self.engine_convention, more_evidence=context,
                 # rows are cut from one capture of the pinned batch: each prompt served on its
                 # own is the evidence that tells a batch-dependent capture from other causes
                 in_batch=True,
@@ -315,12 +318,12 @@ def served(engine_class: type, engine_options: EngineOptions, draft_factory: Dra
     drafts.close()
 
 
-def told_conventions(engine_class: type) -> dict[str, Convention]:
+def told_conventions(engine_convention: str | Convention | None) -> dict[str, Convention]:
     """Whom the engine claims to serve: every trainer for an engine that is told the training
-    convention; else the trainer its own rule describes (`trained_as`)."""
-    if engine_class.convention is None:
+    convention (None); else the trainer its own rule describes (`trained_as`)."""
+    if engine_convention is None:
         return {name: get_convention(name) for name in TRAINERS}
-    conv = trained_as(engine_class.convention)
+    conv = trained_as(engine_convention)
     return {conv.name: conv}
 
 
@@ -445,7 +448,7 @@ def test_drawn_layer_ids_served_as_trained(layout: str, engine_class: type, budg
     under that convention, in config order. Failures shrink to the shortest id list."""
     require(engine_class, Capability.CAPTURE)
     served = budgeted
-    conventions = told_conventions(engine_class)
+    conventions = told_conventions(served.engine_convention)
     told = data.draw(st.sampled_from(sorted(conventions)), label="training convention")
     n = served.num_layers
     ids = data.draw(layer_id_configs(conventions[told], n), label="layer ids")
@@ -501,8 +504,8 @@ def test_observed_convention_as_declared(layout: str, engine_class: type, served
     n, batch = served.num_layers, oracle.pinned_prompts
     check = f"test_observed_convention_as_declared[{layout}]"
     judged = []
-    for told, conv in told_conventions(engine_class).items():
-        declared = engine_class.convention or told
+    for told, conv in told_conventions(served.engine_convention).items():
+        declared = served.engine_convention or told
         told_name = told if told in TRAINERS else None
         diagnoses: list[Diagnosis] = []
         for ids in PROBES:

