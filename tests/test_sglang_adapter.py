@@ -197,6 +197,22 @@ def test_convention_follows_architecture_and_release() -> None:
         convention_for("GptOssForCausalLM", "0.5.23")
 
 
+def test_the_checks_see_the_rule_an_instance_declares(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The layer-id checks and the doctor ask the class for a target's rule before any engine
+    starts (`convention_for_target`): it must be the one an instance sets, the installed
+    release's for the target's architecture; the class default only without SGLang."""
+    import harness.engines.sglang as sg
+
+    golden = Path(__file__).resolve().parents[1] / "golden"
+    monkeypatch.setattr(sg, "_sglang_version", lambda: "0.5.12.post1")
+    assert SglangEngine.convention_for_target(golden / "tiny-dsv3" / "target") == "sglang"
+    monkeypatch.setattr(sg, "_sglang_version", lambda: "0.5.23")
+    assert SglangEngine.convention_for_target(golden / "tiny-dsv3" / "target") == "sglang-deepseek-stages"
+    assert SglangEngine.convention_for_target(golden / "tiny-qwen3moe" / "target") == "sglang-stages"
+    monkeypatch.setattr(sg, "_sglang_version", lambda: None)
+    assert SglangEngine.convention_for_target(golden / "tiny-qwen3moe" / "target") == SglangEngine.convention
+
+
 @pytest.mark.parametrize("device", ["cpu", "cuda"])
 def test_unavailable_with_a_reason_without_sglang_or_gpu(device: str) -> None:
     """Here (no sglang in the environment, no GPU) the adapter must say so, not fail."""

@@ -150,6 +150,16 @@ class SglangEngine(WorkerEngine):
     # with convention_for(its target's architecture, the installed release).
     convention: ClassVar[str | None] = "sglang-deepseek-stages"
 
+    @classmethod
+    def convention_for_target(cls, target_dir: Path) -> str | None:
+        """The installed release's rule for that target's architecture (what an instance
+        declares), for the layer-id checks and the doctor; the class's default where SGLang is
+        not installed, whose engine then refuses to start and says why."""
+        version = _sglang_version()
+        if version is None:
+            return cls.convention
+        return convention_for(target_architecture(target_dir), version)
+
     def __init__(self, target_dir: Path, draft_dir: Path, options: EngineOptions) -> None:
         super().__init__(target_dir, draft_dir, options)
         version = _sglang_version()
