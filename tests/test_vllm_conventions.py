@@ -11,11 +11,12 @@ from __future__ import annotations
 import importlib
 import importlib.util
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 import torch
 
-from harness.core.boundaries import boundaries_to_ids, get_convention
+from harness.core.boundaries import LayerIdError, boundaries_to_ids, get_convention
 from harness.engines.base import EngineUnavailable
 from harness.engines.vllm import VLLM_CONVENTIONS, VllmEngine, convention_for
 
@@ -27,7 +28,7 @@ def test_each_bundle_gets_the_rule_of_its_architecture() -> None:
     assert VllmEngine.convention_for_target(GOLDEN / "tiny-qwen3moe" / "target") == "vllm-llama"
     # the embed-first fix the old rule could not word: boundary 0 is id 0 under b = id
     assert list(boundaries_to_ids([0, 4, 6], "vllm-llama", 8)) == [0, 4, 6]
-    with pytest.raises(Exception, match="cannot capture boundary 0"):
+    with pytest.raises(LayerIdError, match="cannot capture boundary 0"):
         boundaries_to_ids([0, 4, 6], "vllm", 8)
 
 
@@ -44,7 +45,7 @@ def test_an_unmodelled_architecture_is_refused_in_one_line(tmp_path: Path) -> No
         VllmEngine.convention_for_target(tmp_path)
 
 
-def _vllm_model_module(architecture: str):
+def _vllm_model_module(architecture: str) -> ModuleType:
     from vllm.model_executor.models import registry
 
     module, _cls = registry._TEXT_GENERATION_MODELS[architecture]

@@ -174,14 +174,17 @@ class Engine(abc.ABC):
         self.target_dir = Path(target_dir)
         self.draft_dir = Path(draft_dir)
         self.options = options
+        # first, so that a target whose rule the adapter does not model is refused before any
+        # start-up work (a scratch folder, a worker)
+        self.convention = type(self).convention_for_target(self.target_dir)
 
     @classmethod
     def convention_for_target(cls, target_dir: Path) -> str | Convention | None:
         """The layer-id rule this engine applies to that target, known before it starts (the
         suite's layer-id checks and the doctor word ids in it): `convention`, unless the rule
         depends on the target's architecture, as vLLM's does (deepseek_v2's capture differs from
-        the other models'); such an engine overrides this and sets `convention` from it.
-        Raises EngineUnavailable for a target whose rule the adapter does not model."""
+        the other models'); such an engine overrides this, and `__init__` sets the instance's
+        `convention` from it. Raises EngineUnavailable for a target whose rule the adapter does not model."""
         return cls.convention
 
     @abc.abstractmethod

@@ -147,7 +147,8 @@ class SglangEngine(WorkerEngine):
     label: ClassVar[str] = "SGLang"
     handle_cls: ClassVar[type[WorkerHandle]] = WorkerHandle
     # The newest release's rule for the bundle's DeepSeek-V3 target; an instance replaces it
-    # with convention_for(its target's architecture, the installed release).
+    # with convention_for(its target's architecture, the installed release): Engine.__init__
+    # asks convention_for_target.
     convention: ClassVar[str | None] = "sglang-deepseek-stages"
 
     @classmethod
@@ -175,7 +176,6 @@ class SglangEngine(WorkerEngine):
             raise EngineUnavailable("tree drafting (tree_topk > 1) is not wired in the SGLang "
                                     "adapter; it serves a chain (speculative_eagle_topk=1)")
         self._version = version
-        self.convention = convention_for(target_architecture(self.target_dir), version)
         self._plain()  # proves SGLang starts on this machine, or says why not (skip)
 
     # -- protocol ---------------------------------------------------------------------------

@@ -113,7 +113,6 @@ class VllmEngine(WorkerEngine):
 
     def __init__(self, target_dir: Path, draft_dir: Path, options: EngineOptions) -> None:
         super().__init__(target_dir, draft_dir, options)
-        self.convention = self.convention_for_target(target_dir)
         dist = _vllm_distribution()
         if dist is None:
             raise EngineUnavailable("vllm is not installed (pip install -e '.[vllm]')")
