@@ -8,11 +8,13 @@ draft was trained, every capture, fc, batch-invariance and decode check that fai
 false alarm of the suite.
 
 `VllmWiredAsTrained` is the real vLLM adapter (`harness.engines.vllm.VllmEngine`, nothing
-mocked) served a copy of the draft whose config ids are rewritten so that vLLM's own rule
-(b = id) names exactly the training boundaries: what a user who read this suite's diagnosis
-would deploy. It honours the draft's training convention like the reference engine does, so the
-layer-id checks judge it the same way. A draft whose training boundaries vLLM cannot express
-(the embedding, boundary 0: vLLM's id 0 crashes) is unavailable, with that reason.
+mocked) served a copy of the draft whose config ids are rewritten so that vLLM's own rule for the
+target's architecture (`VllmEngine.convention_for_target`: b = id on both, boundary 0 crashing
+on DeepSeek's model and captured on the EagleModelMixin models, Qwen3-MoE among them) names
+exactly the training boundaries: what a user who read this suite's diagnosis would deploy. It
+honours the draft's training convention like the reference engine does, so the layer-id checks
+judge it the same way. A draft whose training boundaries vLLM cannot express on that target
+(the embedding on a DeepSeek target) is unavailable, with vLLM's reason.
 
     eagle3-conformance run --engine harness.engines.controls:VllmWiredAsTrained \
         --dtype bfloat16 --profile nightly --draft specforge-default --draft single-aux \
@@ -44,23 +46,23 @@ def _training_convention(ids: list[int], options: EngineOptions) -> str:
 def rewrite_for_vllm(draft_dir: Path, target_dir: Path, options: EngineOptions,
                      into: Path) -> tuple[list[int], list[int]]:
     """Copy the draft into `into` with its ids rewritten to vLLM's ids for the same training
-    boundaries; returns (the config's ids, vLLM's ids). EngineUnavailable where vLLM has no id
-    list for those boundaries."""
+    boundaries, under vLLM's rule for this target's architecture (a DeepSeek target's id 0
+    crashes, a Qwen3-MoE target's captures the embedding: the rule is the adapter's, so the
+    control and the suite's layer-id checks cannot disagree about it); returns (the config's ids,
+    vLLM's ids). EngineUnavailable where vLLM has no id list for those boundaries, or no
+    modelled rule for the architecture."""
     config = json.loads((draft_dir / "config.json").read_text(encoding="utf-8"))
     layers = int(json.loads((target_dir / "config.json").read_text(encoding="utf-8"))["num_hidden_layers"])
     nested = config.get("eagle_config") or {}
     ids = list(nested.get(IDS, config.get(IDS)) or [])
     convention = _training_convention(ids, options)
+    vllm_rule = VllmEngine.convention_for_target(target_dir)
     try:
         trained = ids_to_boundaries(ids, convention, layers)
-        served = list(boundaries_to_ids(trained, "vllm", layers))
+        served = list(boundaries_to_ids(trained, vllm_rule, layers))
     except LayerIdError as e:
-        raise EngineUnavailable(f"vLLM cannot be wired as this draft was trained "
-                                f"(ids {ids} read as {convention}): {e}") from None
-    if 0 in trained:
-        raise EngineUnavailable("vLLM cannot capture the embedding (boundary 0) that this draft "
-                                "was trained on: its id 0 crashes (Tensor + None residual), and "
-                                "no other id names boundary 0")
+        raise EngineUnavailable(f"vLLM ({vllm_rule} rule) cannot be wired as this draft was "
+                                f"trained (ids {ids} read as {convention}): {e}") from None
     shutil.copytree(draft_dir, into)
     if IDS in nested:
         nested[IDS] = served
