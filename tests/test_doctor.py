@@ -216,6 +216,32 @@ def test_vllm_not_installed_is_unavailable_with_the_install_command(tmp_path: Pa
     assert not (out / "report.json").exists()
 
 
+def test_vllm_on_a_target_whose_rule_is_not_modelled_is_refused(tmp_path: Path, capsys,
+                                                                monkeypatch) -> None:
+    """vLLM's layer-id rule follows the target's architecture (harness.engines.vllm.
+    VLLM_CONVENTIONS); on an architecture the table does not hold, judging vLLM by another
+    model's rule would word fixes that are wrong, so the doctor refuses: one line naming the
+    architecture and the way out, exit 2, before any work, no report. The target is the bundle's
+    with only `architectures` renamed; vLLM's presence is assumed so the check runs without it."""
+    import json
+
+    import harness.engines.vllm as adapter
+
+    monkeypatch.setattr(adapter, "_vllm_distribution", lambda: ("vllm", "0.0"))
+    target = tmp_path / "t"
+    shutil.copytree(BUNDLE / "target", target)
+    cfg = json.loads((target / "config.json").read_text())
+    cfg["architectures"] = ["MixtralForCausalLM"]
+    (target / "config.json").write_text(json.dumps(cfg))
+    out = tmp_path / "report"
+    assert main(["doctor", "--target", str(target), "--draft", str(BUNDLE / "draft-single-aux"),
+                 "--engine", "vllm", "--report-dir", str(out)]) == 2
+    err = _one_line(capsys)
+    assert "engine vllm cannot be judged on this target" in err, err
+    assert "MixtralForCausalLM" in err and "VLLM_CONVENTIONS" in err and "--engine reference" in err
+    assert not out.exists() or not any(out.iterdir())
+
+
 def test_default_engine_is_the_reference_and_help_documents_the_exit_codes(capsys) -> None:
     from harness.cli import build_parser
 
