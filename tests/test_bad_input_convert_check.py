@@ -71,3 +71,20 @@ def test_source_ids_invalid_under_the_trainer(capsys: pytest.CaptureFixture[str]
     """embed-first's -1 is no id in SpecForge's rule: naming that trainer is bad input."""
     refused(["convert-check", str(BUNDLE / "draft-embed-first"), str(DRAFT), "--from-convention",
              "specforge", "--to-engine", "vllm", "--target", str(TARGET)], capsys, "not valid under specforge")
+
+
+def test_vllm_on_a_target_whose_rule_is_not_modelled(tmp_path: Path,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """--to-engine vllm reads ids by the adapter's own per-architecture table
+    (harness.engines.vllm.VLLM_CONVENTIONS); on an architecture it does not hold, convert-check
+    names it and the way to state the rule, instead of assuming one (it once read every
+    non-DeepSeek target by the EagleModelMixin rule and every DeepSeek-family one by
+    deepseek_v2's, neither checked against vLLM for GLM-4 MoE Lite or DeepSeek V3.2)."""
+    target = tmp_path / "target"
+    shutil.copytree(TARGET, target)
+    config = json.loads((target / "config.json").read_text())
+    config["architectures"] = ["Glm4MoeLiteForCausalLM"]
+    (target / "config.json").write_text(json.dumps(config))
+    line = refused(["convert-check", str(DRAFT), str(DRAFT), "--to-engine", "vllm", "--target",
+                    str(target)], capsys, "Glm4MoeLiteForCausalLM is not modelled")
+    assert "--to-convention" in line, line

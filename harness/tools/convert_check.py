@@ -55,7 +55,9 @@ from harness.core.boundaries import (
 from harness.core.tolerances import UnknownDtypeError, tolerance_for
 from harness.diagnosis.capture import name_boundaries
 from harness.diagnosis.draft_side import fc_diagnosis
+from harness.engines.base import EngineUnavailable
 from harness.engines.sglang import DEEPSEEK_ARCHITECTURES
+from harness.engines.vllm import convention_for as vllm_convention_for
 from harness.judgement.lint import TRAINING_CONVENTIONS
 from harness.models.draft import speculators_keys
 
@@ -66,11 +68,25 @@ EXIT = {CERTIFIED: 0, NOT_CERTIFIED: 1, CANNOT_TELL: 4}
 # engine-side counterpart in harness.diagnosis.record.KINDS
 CONVERT_KINDS = ("weight_changed", "weight_missing")
 
+
+
+def _vllm_rule(architecture: str) -> str:
+    """vLLM's rule for the target, the adapter's own table (harness.engines.vllm.
+    VLLM_CONVENTIONS, checked against vLLM's classes): one source, so convert-check and the
+    suite never read a converted draft's ids differently. An architecture the table does not
+    model is bad input here, named, with the way to state the rule."""
+    try:
+        return vllm_convention_for(architecture)
+    except EngineUnavailable as e:
+        raise ConvertCheckError(f"{e}; or name the rule with --to-convention / "
+                                f"--from-convention") from None
+
+
 # What each engine reads a converted draft with, given the target's architecture. SGLang's rule
 # depends on its release as well (harness.engines.sglang.convention_for): name it with
 # --to-convention.
 ENGINES: dict[str, Callable[[str], str]] = {
-    "vllm": lambda arch: "vllm" if arch in DEEPSEEK_ARCHITECTURES else "vllm-llama",
+    "vllm": _vllm_rule,
     "llamacpp": lambda arch: "llamacpp",
     "trtllm": lambda arch: "trtllm",
 }
