@@ -21,7 +21,7 @@ import pytest
 from harness.core.boundaries import ids_to_boundaries
 from harness.core.config_schema import IDS
 from harness.engines.base import EngineOptions, EngineUnavailable
-from harness.engines.controls import _training_convention, rewrite_for_vllm
+from harness.engines.controls import VllmWiredAsTrained, _training_convention, rewrite_for_vllm
 from harness.engines.vllm import VllmEngine
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden"
@@ -87,3 +87,15 @@ def test_a_target_whose_rule_is_not_modelled_is_unavailable(tmp_path: Path) -> N
     with pytest.raises(EngineUnavailable, match="MixtralForCausalLM"):
         rewrite_for_vllm(GOLDEN / "tiny-dsv3" / "draft-single-aux", target, EngineOptions(),
                          tmp_path / "d")
+
+
+@pytest.mark.parametrize("bundle", ["tiny-dsv3", "tiny-qwen3moe"])
+def test_the_control_honours_the_training_convention_on_every_target(bundle: str) -> None:
+    """The control declares no rule of its own on any target, so the suite tells it each drawn
+    draft's training convention (suites/test_layer_ids.py, ServedDrafts.told_key) and the
+    rewrite reads the ids in it. Inheriting VllmEngine.convention_for_target (vLLM's rule for
+    the architecture) made the suite withhold it: a drawn eagle3-original draft [0] was read as
+    SpecForge's, served as [1] and reported as an offset +1 of vLLM (nightly control on
+    tiny-qwen3moe)."""
+    assert VllmWiredAsTrained.convention_for_target(GOLDEN / bundle / "target") is None
+    assert VllmEngine.convention_for_target(GOLDEN / bundle / "target") is not None

@@ -79,6 +79,14 @@ class VllmWiredAsTrained(VllmEngine):
     label: ClassVar[str] = "vLLM (ids rewritten to the training boundaries)"
     convention: ClassVar[str | None] = None  # honours the draft's training convention
 
+    @classmethod
+    def convention_for_target(cls, target_dir: Path) -> str | None:
+        """None on every target: the control honours the training convention it is told (the
+        ids are rewritten for vLLM's rule inside), as the reference does. Inheriting vLLM's
+        per-architecture rule made the suite withhold the convention from it, and the control
+        read every drawn draft's ids as SpecForge's and was misfed (found on tiny-qwen3moe)."""
+        return None
+
     def __init__(self, target_dir: Path, draft_dir: Path, options: EngineOptions) -> None:
         self._scratch = Path(tempfile.mkdtemp(prefix="vllm-wired-"))
         try:
