@@ -63,6 +63,7 @@ from harness.diagnosis.remedy import entry as remedy_entry
 from harness.engines.base import (
     Capability,
     Capture,
+    ConfigInexpressible,
     Engine,
     EngineCrash,
     EngineOptions,
@@ -142,6 +143,11 @@ class ServedDrafts:
         self._first = True  # the live engine's next call is its first (start-up allowance)
         self.budget_s: float | None = None  # start-up seconds left to the running property
         self.rejected = 0
+        # set by the drawing property around its serve: a config the engine cannot be wired for
+        # (ConfigInexpressible) is then turned away and counted (the first reason kept), not a
+        # skip of the whole property
+        self.drawing = False
+        self.inexpressible: list[str] = []
         # the run's engine deadlines (--engine-timeout-scale), as every other check has them:
         # a config whose capture never returns is a hang, recorded like a crash
         self.deadlines = deadlines or CallBudget(scale=0)
@@ -150,7 +156,7 @@ class ServedDrafts:
 
     def limit(self, seconds: float | None) -> None:
         """Start-up seconds the next calls may spend on new configs (None: no limit)."""
-        self.budget_s, self.rejected = seconds, 0
+        self.budget_s, self.rejected, self.inexpressible = seconds, 0, []
 
     def is_new(self, ids: Sequence[int], layout: str, told: str | None) -> bool:
         """Never served: serving it needs an engine start (a served config is answered from
@@ -178,6 +184,11 @@ class ServedDrafts:
                 replace(self.options, training_convention=told)), self.deadlines,
                 self.engine_class)
             self._first = True
+        except ConfigInexpressible as e:
+            if self.drawing:
+                self.inexpressible.append(str(e))
+                reject()  # the engine serves other configs: draw one of those
+            pytest.skip(f"engine {self.engine_class.name} unavailable: {e}")
         except EngineUnavailable as e:
             pytest.skip(f"engine {self.engine_class.name} unavailable: {e}")
         finally:
@@ -339,6 +350,9 @@ def budgeted(served: ServedDrafts, report, request: pytest.FixtureRequest) -> Se
     if served.rejected:
         report.metric("layer-ids", f"{request.node.name}: examples past the start-up budget",
                       served.rejected)
+    if served.inexpressible:
+        report.metric("layer-ids", f"{request.node.name}: examples the engine cannot be wired for",
+                      {"count": len(served.inexpressible), "first": served.inexpressible[0]})
     served.limit(None)
 
 
@@ -463,7 +477,11 @@ def test_drawn_layer_ids_served_as_trained(layout: str, engine_class: type, budg
         reject()  # past the start-up budget: only configs already served are drawn on
     check = f"test_drawn_layer_ids_served_as_trained[{layout}]"
     batch = [pinned[i] for i in rows]
-    result = served.serve(ids, layout, told_name, trained, batch, check)
+    served.drawing = True
+    try:
+        result = served.serve(ids, layout, told_name, trained, batch, check)
+    finally:
+        served.drawing = False
     if result.failure is None:
         return
     raise separated(served, result.failure, conventions[told], layout, told_name, batch, check)

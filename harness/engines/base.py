@@ -34,6 +34,14 @@ class EngineUnavailable(RuntimeError):
     with this message as the reason."""
 
 
+class ConfigInexpressible(EngineUnavailable):
+    """The engine cannot be wired for this one draft config, though it serves others (the
+    real-vLLM control, harness.engines.controls, on a slot order vLLM's ascending sort cannot
+    give). A property that draws configs (suites/test_layer_ids.py) draws another instead of
+    skipping the whole check, and counts it in the report; anywhere else it skips like
+    EngineUnavailable."""
+
+
 class EngineCrash(RuntimeError):
     """The engine failed on this draft (load, prefill, drafting): a conformance failure, not an
     unavailable engine. Plain data, its message only: put the engine's own error text in it,

@@ -31,7 +31,7 @@ from typing import Any, ClassVar
 
 from harness.core.boundaries import LayerIdError, boundaries_to_ids, ids_to_boundaries
 from harness.core.config_schema import IDS
-from harness.engines.base import EngineOptions, EngineUnavailable
+from harness.engines.base import ConfigInexpressible, EngineOptions
 from harness.engines.vllm import VllmEngine
 
 
@@ -49,7 +49,8 @@ def rewrite_for_vllm(draft_dir: Path, target_dir: Path, options: EngineOptions,
     boundaries, under vLLM's rule for this target's architecture (a DeepSeek target's id 0
     crashes, a Qwen3-MoE target's captures the embedding: the rule is the adapter's, so the
     control and the suite's layer-id checks cannot disagree about it); returns (the config's ids,
-    vLLM's ids). EngineUnavailable where vLLM has no id list for those boundaries, or no
+    vLLM's ids). ConfigInexpressible where vLLM has no id list for those boundaries
+    (EngineUnavailable: it serves other drafts), EngineUnavailable where it has no
     modelled rule for the architecture."""
     config = json.loads((draft_dir / "config.json").read_text(encoding="utf-8"))
     layers = int(json.loads((target_dir / "config.json").read_text(encoding="utf-8"))["num_hidden_layers"])
@@ -61,8 +62,8 @@ def rewrite_for_vllm(draft_dir: Path, target_dir: Path, options: EngineOptions,
         trained = ids_to_boundaries(ids, convention, layers)
         served = list(boundaries_to_ids(trained, vllm_rule, layers))
     except LayerIdError as e:
-        raise EngineUnavailable(f"vLLM ({vllm_rule} rule) cannot be wired as this draft was "
-                                f"trained (ids {ids} read as {convention}): {e}") from None
+        raise ConfigInexpressible(f"vLLM ({vllm_rule} rule) cannot be wired as this draft was "
+                                  f"trained (ids {ids} read as {convention}): {e}") from None
     shutil.copytree(draft_dir, into)
     if IDS in nested:
         nested[IDS] = served
