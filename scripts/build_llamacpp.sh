@@ -29,11 +29,13 @@ fi
 # default of 8), so the headers all of them include are parsed once per batch. Measured from
 # scratch on the idle 2-core machine (2026-12-07, -j2): 250 s and 415 s of CPU, against 341 s and
 # 648 s file by file; the llama.cpp unit tests and both suite runs gave the same verdicts. It
-# needs CMake >= 3.19 (scripts/llamacpp_unity.cmake keeps two mtmd sources apart). Where CMake is
+# needs CMake >= 3.19 (scripts/llamacpp_build.cmake keeps two mtmd sources apart; it also compiles
+# the server, common and mtmd at -O0, the compute at -O3: its header says why). Where CMake is
 # older, or a llama.cpp version does not compile as a unity build (batches of 16 do not: ggml-cpu
 # defines nearest_int twice), the build is done again file by file, saying why.
 configure() {  # extra cmake arguments
     cmake -S "$src" -B "$build" "$@" \
+        "-DCMAKE_PROJECT_INCLUDE=$PWD/scripts/llamacpp_build.cmake" \
         -DCMAKE_BUILD_TYPE=Release \
         -DBUILD_SHARED_LIBS=ON \
         -DLLAMA_CURL=OFF \
@@ -49,7 +51,7 @@ cmake_version="$(cmake --version | head -n 1 | awk '{print $3}')"
 if [ "$(printf '%s\n' 3.19 "$cmake_version" | sort -V | head -n 1)" != 3.19 ]; then
     echo "CMake $cmake_version is older than 3.19: llama.cpp is built file by file (slower)" >&2
 else
-    configure -DCMAKE_UNITY_BUILD=ON "-DCMAKE_PROJECT_INCLUDE=$PWD/scripts/llamacpp_unity.cmake"
+    configure -DCMAKE_UNITY_BUILD=ON
     if cmake --build "$build" --target llama llama-server -j "$jobs" >"$build.unity.log" 2>&1; then
         unity_built=true
         tail -n 2 "$build.unity.log"

@@ -58,3 +58,19 @@ def test_unity_build_or_file_by_file_saying_why(tmp_path: Path, clash: bool) -> 
     assert _is_unity(build) != clash, sorted(p.name for p in build.rglob("*.cxx"))
     if clash:
         assert "helper" in run.stderr, "the failing unity build's end is shown"
+
+
+def test_serving_plumbing_at_O0_compute_at_O3(tmp_path: Path) -> None:
+    """scripts/llamacpp_build.cmake compiles the server side (here the stand-in's llama-server)
+    at -O0, after Release's -O3 so that it wins, and leaves the library that computes (llama)
+    at -O3: a third of the build's CPU on 2 cores, no runtime cost seen on the tiny bundles
+    (its header). In the unity build and the file-by-file fallback alike."""
+    for clash in (False, True):
+        (tmp_path / str(clash)).mkdir()
+        run, build = _build(tmp_path / str(clash), clash)
+        assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+        flags = {t: (build / "CMakeFiles" / f"{t}.dir" / "flags.make").read_text()
+                 for t in ("llama", "llama-server")}
+        server = flags["llama-server"].split("CXX_FLAGS =", 1)[1].splitlines()[0].split()
+        assert "-O3" in server and server.index("-O0") > server.index("-O3"), server
+        assert "-O0" not in flags["llama"] and "-O3" in flags["llama"], flags["llama"]
