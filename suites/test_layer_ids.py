@@ -184,12 +184,10 @@ class ServedDrafts:
                 replace(self.options, training_convention=told)), self.deadlines,
                 self.engine_class)
             self._first = True
-        except ConfigInexpressible as e:
-            if self.drawing:
+        except EngineUnavailable as e:
+            if self.drawing and isinstance(e, ConfigInexpressible):
                 self.inexpressible.append(str(e))
                 reject()  # the engine serves other configs: draw one of those
-            pytest.skip(f"engine {self.engine_class.name} unavailable: {e}")
-        except EngineUnavailable as e:
             pytest.skip(f"engine {self.engine_class.name} unavailable: {e}")
         finally:
             if self.budget_s is not None:

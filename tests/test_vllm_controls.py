@@ -19,10 +19,10 @@ from pathlib import Path
 import pytest
 
 from harness.core.boundaries import ids_to_boundaries
-from harness.core.config_schema import IDS
 from harness.engines.base import ConfigInexpressible, EngineOptions, EngineUnavailable
 from harness.engines.controls import VllmWiredAsTrained, _training_convention, rewrite_for_vllm
 from harness.engines.vllm import VllmEngine
+from harness.tools.doctor import config_layout
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden"
 # every bundle draft vLLM can serve wired as trained; tiny-dsv3's embed-first cannot (boundary 0
@@ -32,11 +32,11 @@ SERVABLE = [(b, d) for b in ("tiny-dsv3", "tiny-qwen3moe")
             if (b, d) != ("tiny-dsv3", "embed-first")]
 
 
-def _ids(draft: Path) -> tuple[list[int], bool]:
-    """(the draft config's ids, whether they sit in the nested eagle_config)."""
-    config = json.loads((draft / "config.json").read_text(encoding="utf-8"))
-    nested = config.get("eagle_config") or {}
-    return (list(nested[IDS]), True) if IDS in nested else (list(config[IDS]), False)
+def _ids(draft: Path) -> tuple[list[int], str]:
+    """(the draft config's ids, their layout), read as the doctor reads a user's draft."""
+    layout, ids = config_layout(json.loads((draft / "config.json").read_text(encoding="utf-8")),
+                                draft / "config.json")
+    return ids, layout
 
 
 @pytest.mark.parametrize("bundle, name", SERVABLE)
@@ -55,8 +55,8 @@ def test_served_ids_capture_the_training_boundaries_under_vllms_rule_for_the_tar
     assert ids_to_boundaries(served, rule, layers) == trained, (
         f"{bundle}/{name}: served ids {served} capture {ids_to_boundaries(served, rule, layers)} "
         f"under vLLM's {rule} rule, training used {trained}")
-    written, nested = _ids(tmp_path / "d")
-    assert (written, nested) == (served, _ids(draft)[1])
+    written, layout = _ids(tmp_path / "d")
+    assert (written, layout) == (served, _ids(draft)[1])
     assert (draft / "config.json").read_bytes() == before
     for f in draft.iterdir():
         if f.name != "config.json" and f.is_file():

@@ -69,7 +69,6 @@ EXIT = {CERTIFIED: 0, NOT_CERTIFIED: 1, CANNOT_TELL: 4}
 CONVERT_KINDS = ("weight_changed", "weight_missing")
 
 
-
 def _vllm_rule(architecture: str) -> str:
     """vLLM's rule for the target, the adapter's own table (harness.engines.vllm.
     VLLM_CONVENTIONS, checked against vLLM's classes): one source, so convert-check and the
